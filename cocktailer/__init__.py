@@ -1,0 +1,12 @@
+"""cocktailer: compile PyTorch programs with loops, branches and recursion.
+
+    fast = cocktailer.compile(model, example_inputs=(x, h))
+    print(cocktailer.capture(model, (x, h)))
+"""
+from cocktailer.api import BACKENDS, CompiledFunction, GradFallbackWarning, capture, compile
+from cocktailer.errors import CocktailerError, CompiledCallError, UnsupportedError
+from cocktailer.ir import Program, format_program, verify
+
+__version__ = "0.1.0"
+__all__ = ["BACKENDS", "CocktailerError", "CompiledCallError", "CompiledFunction", "GradFallbackWarning",
+           "Program", "UnsupportedError", "capture", "compile", "format_program", "verify"]

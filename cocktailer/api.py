@@ -1,0 +1,119 @@
+"""The user-facing entry points: capture() and compile()."""
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from cocktailer import pytree
+from cocktailer.errors import CompiledCallError
+from cocktailer.frontend import capture as _frontend_capture
+from cocktailer.ir import Program
+from cocktailer.passes import CAPTURE_PIPELINE, run_pipeline
+from cocktailer.reference import ReferenceExecutor
+
+# name -> factory(Program) -> callable(list of input tensors) -> list of output tensors
+BACKENDS: dict[str, Callable[[Program], Callable]] = {
+    "reference": ReferenceExecutor,
+}
+AUTO_ORDER = ["reference"]   # "auto" picks the first available, best first
+
+
+def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwargs: dict | None = None) -> Program:
+    """The IR Program of `model_or_function(*example_inputs)`: data flow and control flow.
+    `str(program)` is its text form."""
+    program = _frontend_capture(model_or_function, _as_tuple(example_inputs), example_kwargs)
+    return run_pipeline(program, CAPTURE_PIPELINE)
+
+
+def compile(model_or_function: Callable, example_inputs: tuple | None = None, *, backend: str = "auto",
+            example_kwargs: dict | None = None) -> "CompiledFunction":
+    """A callable with the signature of `model_or_function` that runs its compiled program.
+
+    It specializes on the shapes, dtypes and device of the tensor arguments and on the
+    values of the other arguments, and compiles again (cached) when they change. With
+    `example_inputs`, the first specialization is compiled now, so errors show here.
+    Inference only: when autograd would record the call (grad mode on and an input or
+    parameter requires grad), it runs the original model eagerly instead, with one warning.
+    """
+    if backend == "auto":
+        backend = next(b for b in AUTO_ORDER if b in BACKENDS)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; available: {', '.join(['auto', *BACKENDS])}")
+    compiled = CompiledFunction(model_or_function, backend)
+    if example_inputs is not None:
+        compiled.specialize(*_as_tuple(example_inputs), **(example_kwargs or {}))
+    return compiled
+
+
+def _as_tuple(example_inputs) -> tuple:
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+class GradFallbackWarning(UserWarning):
+    """compile()d code is inference-only; a call that needs gradients ran eagerly."""
+
+
+class CompiledFunction:
+    def __init__(self, fn: Callable, backend: str):
+        self.fn = fn
+        self.backend = backend
+        self.signature = inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn)
+        self.parameters = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
+        self.cache: dict[tuple, tuple[Program, Callable]] = {}
+        self._warned_grad = False
+
+    def _bind(self, args, kwargs) -> tuple[tuple, dict]:
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.args, bound.kwargs
+
+    def specialize(self, *args, **kwargs) -> Program:
+        """Compile for these arguments (if not cached yet); return the program."""
+        args, kwargs = self._bind(args, kwargs)
+        return self._entry(args, kwargs)[0]
+
+    def _entry(self, args, kwargs) -> tuple[Program, Callable]:
+        leaves, _ = pytree.flatten((args, kwargs))
+        key = tuple(_leaf_key(x) for x in leaves)
+        entry = self.cache.get(key)
+        if entry is None:
+            program = capture(self.fn, args, kwargs)
+            entry = self.cache[key] = (program, BACKENDS[self.backend](program))
+        return entry
+
+    def __call__(self, *args, **kwargs):
+        if self._needs_grad(args, kwargs):
+            if not self._warned_grad:
+                warnings.warn("cocktailer compiles inference only: this call needs gradients (grad mode is on and "
+                              "an input or parameter requires grad), so it runs eagerly. Call the compiled model "
+                              "under torch.no_grad() or torch.inference_mode().", GradFallbackWarning, stacklevel=2)
+                self._warned_grad = True
+            return self.fn(*args, **kwargs)
+        args, kwargs = self._bind(args, kwargs)
+        program, run = self._entry(args, kwargs)
+        leaves, _ = pytree.flatten((args, kwargs))
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        outputs = iter(run(tensors))
+        out_spec, kinds = program.output_spec
+        return pytree.unflatten(out_spec, [next(outputs) if is_tensor else value for is_tensor, value in kinds])
+
+    def _needs_grad(self, args, kwargs) -> bool:
+        if not torch.is_grad_enabled():
+            return False
+        leaves, _ = pytree.flatten((args, kwargs))
+        return any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves) or \
+            any(p.requires_grad for p in self.parameters)
+
+
+def _leaf_key(x) -> Any:
+    if isinstance(x, torch.Tensor):
+        return ("tensor", tuple(x.shape), x.dtype, x.device)
+    try:
+        hash(x)
+    except TypeError:
+        raise CompiledCallError(f"compiled functions take tensors and hashable Python values; got an unhashable "
+                                f"{type(x).__name__}") from None
+    return ("python", type(x), x)

@@ -1,0 +1,930 @@
+"""Torch calls seen during capture, lowered to IR ops.
+
+`lower_call(tracer, func, args, kwargs)` is what the capture mode calls for every torch
+function, tensor method and operator. Handlers are looked up by the function's name (torch
+spells the same op as `torch.add`, `Tensor.add`, `Tensor.__add__`); the few names whose
+signature differs between `torch.*` and `torch.nn.functional.*` are looked up by identity
+first. docs/ops.md lists what is supported.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from cocktailer.errors import UnsupportedError
+from cocktailer.frontend.tracer import Proxy, Tracer, is_proxy
+from cocktailer.ir import Op, TensorType, Value
+
+Handler = Callable[..., Any]
+_BY_NAME: dict[str, Handler] = {}
+_BY_IDENTITY: dict[Any, Handler] = {}
+
+# Ops whose result shares memory with the input in torch: writing into them is refused.
+_VIEW_OPS = {Op.SELECT, Op.RESHAPE, Op.PERMUTE, Op.EXPAND}
+_RANDOM = {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal",
+           "bernoulli", "multinomial", "uniform_", "normal_", "exponential_", "random_", "poisson"}
+_FACTORIES = {"zeros", "ones", "full", "empty", "arange", "tensor", "as_tensor", "zeros_like", "ones_like",
+              "full_like", "empty_like", "scalar_tensor", "eye", "linspace"}
+
+
+def register(*names: str) -> Callable[[Handler], Handler]:
+    def deco(fn: Handler) -> Handler:
+        for n in names:
+            _BY_NAME[n] = fn
+        return fn
+    return deco
+
+
+class Lowering:
+    """Helpers handlers use: values of arguments, emitting ops, wrapping results."""
+
+    def __init__(self, tracer: Tracer):
+        self.t = tracer
+
+    def val(self, x) -> Value:
+        return self.t.value_of(x)
+
+    def out(self, op: Op, operands: Sequence, view_of=None, **attrs) -> Proxy:
+        value = self.t.emit(op, [self.val(o) for o in operands], attrs)[0]
+        proxy = self.t.wrap(value)
+        if op in _VIEW_OPS and isinstance(view_of, Proxy):
+            base = view_of.view_of or view_of
+            proxy.view_of, proxy.view_version = base, base.version
+        return proxy
+
+    def scalar_like(self, x: numbers.Number, others: Sequence) -> Value:
+        """A Python number as a 0-d value of the dtype torch computes with next to `others`."""
+        tensors = [o for o in others if isinstance(o, torch.Tensor)]
+        if tensors:
+            dtype = torch.result_type(_meta(tensors[0]), x)
+        else:
+            dtype = torch.bool if isinstance(x, bool) else torch.int64 if isinstance(x, int) else torch.get_default_dtype()
+        return self.t.scalar(x, dtype)
+
+    def elementwise(self, op: Op, *args) -> Proxy:
+        operands = [self.scalar_like(a, args) if _is_number(a) else self.val(a) for a in args]
+        value = self.t.emit(op, operands, {})[0]
+        return self.t.wrap(value)
+
+    def reshape(self, x, shape) -> Proxy:
+        shape = tuple(_meta(x).reshape(shape).shape)   # resolves -1
+        if shape == tuple(x.shape):
+            return x
+        return self.out(Op.RESHAPE, [x], view_of=x, shape=shape)
+
+    def permute(self, x, dims) -> Proxy:
+        dims = tuple(d % max(x.dim(), 1) for d in dims)
+        if dims == tuple(range(x.dim())):
+            return x
+        return self.out(Op.PERMUTE, [x], view_of=x, dims=dims)
+
+    def cast(self, x, dtype: torch.dtype):
+        if dtype is None or x.dtype == dtype:
+            return x
+        return self.out(Op.CAST, [x], dtype=dtype)
+
+    def linear(self, x, w, b=None):
+        y = self.out(Op.MATMUL, [x, self.permute(w, (1, 0))])
+        return y if b is None else self.elementwise(Op.ADD, y, b)
+
+    def select(self, x, key: list, dynamic: list, view: bool = True):
+        return self.out(Op.SELECT, [x] + dynamic, view_of=x if view else None, key=tuple(key))
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Number) and not isinstance(x, torch.Tensor)
+
+
+def _meta(x) -> torch.Tensor:
+    return torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
+
+
+def _dims(dim, rank: int) -> tuple[int, ...] | None:
+    if dim is None:
+        return None
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    return tuple(d % max(rank, 1) for d in dims)
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _shape_args(args) -> tuple:
+    if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
+        return tuple(args[0])
+    return tuple(args)
+
+
+def _has_tensor(tree) -> bool:
+    if isinstance(tree, torch.Tensor):
+        return True
+    if isinstance(tree, (tuple, list)):
+        return any(_has_tensor(x) for x in tree)
+    if isinstance(tree, dict):
+        return any(_has_tensor(x) for x in tree.values())
+    return False
+
+
+# -- entry point ---------------------------------------------------------------------
+
+_METADATA = {"dim", "size", "numel", "nelement", "ndimension", "is_floating_point", "is_complex",
+             "element_size", "get_device", "is_contiguous", "__len__", "__hash__", "__format__",
+             "__repr__", "__str__", "has_names", "is_signed", "_is_view", "storage_offset", "stride",
+             "__reduce_ex__", "__dir__", "__sizeof__", "data_ptr"}
+
+
+# Python asks for the value: only possible when it is known at capture (see Tracer.concretize).
+_CONCRETE = {"__bool__": "bool()", "__int__": "int()", "__float__": "float()", "__index__": "an index",
+             "__complex__": "complex()", "tolist": ".tolist()", "numpy": ".numpy()", "__array__": "a numpy array"}
+
+
+def lower_call(tracer: Tracer, func, args: tuple, kwargs: dict):
+    name = getattr(func, "__name__", "")
+    if name == "__get__":      # a property: metadata (shape, dtype, ...) or .T / .data
+        return _lower_property(tracer, func, args)
+    if name in _METADATA:
+        if name in ("__repr__", "__str__", "__format__") and is_proxy(args[0]):
+            return repr(args[0])
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+    if name in _CONCRETE:
+        if is_proxy(args[0]):
+            tracer.concretize(args[0], _CONCRETE[name])
+        with torch._C.DisableTorchFunction():   # a constant tensor: its value is known now
+            return func(*args, **kwargs)
+    if name in _RANDOM:
+        raise UnsupportedError(f"random op `{name}` cannot be compiled (results would not be reproducible)",
+                               hint="pass random tensors in as inputs")
+    handler = _BY_IDENTITY.get(func) or _BY_NAME.get(name) or _inplace_handler(name)
+    if handler is None:
+        if not _has_tensor((args, kwargs)) and name not in _FACTORIES:
+            with torch._C.DisableTorchFunction():   # grad mode queries, dtype helpers, ...
+                return func(*args, **kwargs)
+        raise UnsupportedError(f"unsupported torch op `{_qualname(func)}`",
+                               hint="see docs/ops.md for the supported ops; write it with those")
+    return handler(Lowering(tracer), *args, **kwargs)
+
+
+def _qualname(func) -> str:
+    module = getattr(func, "__module__", None) or ""
+    return f"{module}.{getattr(func, '__qualname__', getattr(func, '__name__', func))}".lstrip(".")
+
+
+def _lower_property(tracer: Tracer, getter, args):
+    x = args[0]
+    prop = next((n for n in ("T", "mT", "data", "real") if getter is getattr(torch.Tensor, n).__get__), None)
+    if prop == "T":
+        return Lowering(tracer).permute(x, tuple(reversed(range(x.dim()))))
+    if prop == "mT":
+        return Lowering(tracer).permute(x, tuple(range(x.dim() - 2)) + (x.dim() - 1, x.dim() - 2))
+    if prop in ("data", "real") and not x.is_complex():
+        return x
+    if getter is torch.Tensor.grad.__get__:
+        return None
+    with torch._C.DisableTorchFunctionSubclass():
+        return getter(*args)
+
+
+def _inplace_handler(name: str) -> Handler | None:
+    """`x.add_(y)`, `x += y`: compute out of place, then rebind x."""
+    base = name[2:-2] if name.startswith("__i") and name.endswith("__") else name[:-1] if name.endswith("_") else None
+    if base is None:
+        return None
+    base = base[1:] if name.startswith("__i") else base   # __iadd__ -> add
+    handler = _BY_NAME.get(base) or _BY_NAME.get(f"__{base}__")
+    if handler is None or base in ("copy", "fill", "zero"):
+        return None
+
+    def inplace(L: Lowering, x, *args, **kwargs):
+        if not isinstance(x, Proxy):
+            raise UnsupportedError(f"in-place `{name}` on a tensor that is not computed by the program "
+                                   "(a parameter or a global tensor)", hint="compute out of place: `y = x + 1`")
+        result = handler(L, x, *args, **kwargs)
+        result = L.cast(L.out(Op.EXPAND, [result], shape=tuple(x.shape)) if tuple(result.shape) != tuple(x.shape)
+                        else result, x.dtype)
+        L.t.rebind(x, L.val(result))
+        return x
+    return inplace
+
+
+# -- elementwise -----------------------------------------------------------------------
+
+def _unary(op: Op):
+    def h(L: Lowering, x, *args, **kwargs):
+        return L.elementwise(op, x)
+    return h
+
+
+for _op, _names in {
+    Op.NEG: ("neg", "negative", "__neg__"), Op.ABS: ("abs", "__abs__"), Op.EXP: ("exp",), Op.LOG: ("log",),
+    Op.SQRT: ("sqrt",), Op.RSQRT: ("rsqrt",), Op.RECIPROCAL: ("reciprocal",), Op.TANH: ("tanh",),
+    Op.SIGMOID: ("sigmoid",), Op.RELU: ("relu",), Op.SILU: ("silu",), Op.SIN: ("sin",), Op.COS: ("cos",),
+    Op.ERF: ("erf",), Op.FLOOR: ("floor",), Op.CEIL: ("ceil",), Op.NOT: ("logical_not",),
+}.items():
+    register(*_names)(_unary(_op))
+
+
+@register("gelu")
+def _gelu(L, x, approximate="none"):
+    if approximate != "none":
+        raise UnsupportedError(f"gelu(approximate={approximate!r})", hint="use approximate='none'")
+    return L.elementwise(Op.GELU, x)
+
+
+@register("__invert__", "bitwise_not")
+def _invert(L, x):
+    if x.dtype != torch.bool:
+        raise UnsupportedError("bitwise not of an integer tensor", hint="only bool tensors support `~` here")
+    return L.elementwise(Op.NOT, x)
+
+
+def _binary(op: Op, swap: bool = False):
+    def h(L: Lowering, a, b, *, alpha=None, out=None):
+        if out is not None:
+            raise UnsupportedError("`out=` arguments", hint="assign the result instead")
+        if alpha is not None and alpha != 1:
+            b = L.elementwise(Op.MUL, b, alpha)
+        return L.elementwise(op, b, a) if swap else L.elementwise(op, a, b)
+    return h
+
+
+for _op, _names, _rnames in [
+    (Op.ADD, ("add", "__add__"), ("__radd__",)), (Op.SUB, ("sub", "subtract", "__sub__"), ("__rsub__", "rsub")),
+    (Op.MUL, ("mul", "multiply", "__mul__"), ("__rmul__",)),
+    (Op.DIV, ("true_divide", "__truediv__", "__div__"), ("__rtruediv__", "__rdiv__")),
+    (Op.FLOORDIV, ("floor_divide", "__floordiv__"), ("__rfloordiv__",)),
+    (Op.MOD, ("remainder", "__mod__"), ("__rmod__",)), (Op.POW, ("pow", "__pow__"), ("__rpow__",)),
+    (Op.MAXIMUM, ("maximum",), ()), (Op.MINIMUM, ("minimum",), ()),
+    (Op.EQ, ("eq", "__eq__"), ()), (Op.NE, ("ne", "not_equal", "__ne__"), ()), (Op.LT, ("lt", "less", "__lt__"), ()),
+    (Op.LE, ("le", "less_equal", "__le__"), ()), (Op.GT, ("gt", "greater", "__gt__"), ()),
+    (Op.GE, ("ge", "greater_equal", "__ge__"), ()), (Op.AND, ("logical_and",), ()), (Op.OR, ("logical_or",), ()),
+    (Op.XOR, ("logical_xor",), ()),
+]:
+    register(*_names)(_binary(_op))
+    register(*_rnames)(_binary(_op, swap=True))
+
+
+@register("div", "divide")
+def _div(L, a, b, *, rounding_mode=None):
+    if rounding_mode is None:
+        return L.elementwise(Op.DIV, a, b)
+    if rounding_mode == "floor":
+        return L.elementwise(Op.FLOORDIV, a, b)
+    raise UnsupportedError(f"div(rounding_mode={rounding_mode!r})", hint="use rounding_mode='floor' or None")
+
+
+def _bitwise(op: Op, swap=False):
+    def h(L, a, b):
+        if any(isinstance(x, torch.Tensor) and x.dtype != torch.bool for x in (a, b)):
+            raise UnsupportedError(f"bitwise {op.name.lower()} of integer tensors", hint="use bool tensors")
+        return L.elementwise(op, b, a) if swap else L.elementwise(op, a, b)
+    return h
+
+
+register("__and__", "bitwise_and")(_bitwise(Op.AND))
+register("__rand__")(_bitwise(Op.AND, True))
+register("__or__", "bitwise_or")(_bitwise(Op.OR))
+register("__ror__")(_bitwise(Op.OR, True))
+register("__xor__", "bitwise_xor")(_bitwise(Op.XOR))
+
+
+@register("where")
+def _where(L, cond, a=None, b=None):
+    if a is None:
+        raise UnsupportedError("torch.where(cond) with one argument (its result's shape depends on the data)")
+    return L.elementwise(Op.WHERE, cond, a, b)
+
+
+@register("masked_fill")
+def _masked_fill(L, x, mask, value):
+    return L.cast(L.elementwise(Op.WHERE, mask, value, x), x.dtype)
+
+
+@register("clamp", "clip")
+def _clamp(L, x, min=None, max=None):
+    if min is not None:
+        x = L.elementwise(Op.MAXIMUM, x, min) if isinstance(min, torch.Tensor) else L.elementwise(Op.WHERE, L.elementwise(Op.LT, x, min), min, x)
+    if max is not None:
+        x = L.elementwise(Op.MINIMUM, x, max) if isinstance(max, torch.Tensor) else L.elementwise(Op.WHERE, L.elementwise(Op.GT, x, max), max, x)
+    return x
+
+
+register("clamp_min")(lambda L, x, min: _clamp(L, x, min=min))
+register("clamp_max")(lambda L, x, max: _clamp(L, x, max=max))
+
+
+@register("leaky_relu")
+def _leaky_relu(L, x, negative_slope=0.01, inplace=False):
+    return L.elementwise(Op.WHERE, L.elementwise(Op.GT, x, 0), x, L.elementwise(Op.MUL, x, negative_slope))
+
+
+@register("relu6", "hardtanh")
+def _relu6(L, x, min_val=0.0, max_val=6.0, inplace=False):
+    return _clamp(L, x, min_val, max_val)
+
+
+@register("dropout", "dropout1d", "dropout2d", "feature_dropout", "alpha_dropout")
+def _dropout(L, x, p=0.5, training=False, inplace=False):
+    if training:
+        raise UnsupportedError("dropout in training mode", hint="call model.eval() before compiling")
+    return x
+
+
+@register("type_as")
+def _type_as(L, x, other):
+    return L.cast(x, other.dtype)
+
+
+# -- reductions ---------------------------------------------------------------------------
+
+def _reduction(op: Op):
+    def h(L, x, dim=None, keepdim=False, *, dtype=None):
+        if isinstance(dim, torch.dtype):   # x.sum(torch.float64)
+            dim, dtype = None, dim
+        dims = _dims(dim, x.dim())
+        y = L.out(op, [L.cast(x, dtype)], dims=dims, keepdim=keepdim if dims is not None else False)
+        return y
+    return h
+
+
+register("sum")(_reduction(Op.SUM))
+register("mean")(_reduction(Op.MEAN))
+register("prod")(_reduction(Op.PROD))
+register("amax")(_reduction(Op.AMAX))
+register("amin")(_reduction(Op.AMIN))
+register("any")(_reduction(Op.ANY))
+register("all")(_reduction(Op.ALL))
+
+
+def _arg_reduction(op: Op):
+    def h(L, x, dim=None, keepdim=False):
+        return L.out(op, [x], dim=None if dim is None else dim % max(x.dim(), 1), keepdim=keepdim)
+    return h
+
+
+register("argmax")(_arg_reduction(Op.ARGMAX))
+register("argmin")(_arg_reduction(Op.ARGMIN))
+
+
+def _max_min(value_op: Op, index_op: Op, elementwise: Op, result_type):
+    def h(L, x, dim=None, keepdim=False):
+        if isinstance(dim, torch.Tensor):
+            return L.elementwise(elementwise, x, dim)
+        if dim is None:
+            return L.out(value_op, [x], dims=None, keepdim=False)
+        d = dim % max(x.dim(), 1)
+        values = L.out(value_op, [x], dims=(d,), keepdim=keepdim)
+        indices = L.out(index_op, [x], dim=d, keepdim=keepdim)
+        return result_type((values, indices))
+    return h
+
+
+register("max")(_max_min(Op.AMAX, Op.ARGMAX, Op.MAXIMUM, torch.return_types.max))
+register("min")(_max_min(Op.AMIN, Op.ARGMIN, Op.MINIMUM, torch.return_types.min))
+
+
+@register("norm")
+def _norm(L, x, p="fro", dim=None, keepdim=False, dtype=None):
+    if p not in ("fro", 2, 2.0):
+        raise UnsupportedError(f"norm with p={p!r}", hint="only the 2-norm is supported")
+    squares = L.elementwise(Op.MUL, x, x)
+    return L.elementwise(Op.SQRT, _reduction(Op.SUM)(L, squares, dim, keepdim))
+
+
+@register("var", "std")
+def _var(L, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    raise UnsupportedError("var/std", hint="write it with mean: ((x - x.mean(d, keepdim=True)) ** 2).mean(d)")
+
+
+def _softmax(op: Op):
+    def h(L, x, dim=None, _stacklevel=3, dtype=None):
+        if dim is None:
+            raise UnsupportedError("softmax without `dim`", hint="pass dim explicitly")
+        return L.out(op, [L.cast(x, dtype)], dim=dim % max(x.dim(), 1))
+    return h
+
+
+register("softmax")(_softmax(Op.SOFTMAX))
+register("log_softmax")(_softmax(Op.LOG_SOFTMAX))
+
+
+# -- contractions and neural-network functions -----------------------------------------
+
+@register("matmul", "mm", "bmm", "__matmul__")
+def _matmul(L, a, b, *, out=None):
+    return L.out(Op.MATMUL, [a, b])
+
+
+register("__rmatmul__")(lambda L, a, b: L.out(Op.MATMUL, [b, a]))
+
+
+@register("linear")
+def _linear(L, x, weight, bias=None):
+    return L.linear(x, weight, bias)
+
+
+@register("addmm")
+def _addmm(L, bias, a, b, *, beta=1, alpha=1):
+    if beta != 1 or alpha != 1:
+        raise UnsupportedError("addmm with alpha/beta", hint="write bias + a @ b")
+    return L.elementwise(Op.ADD, L.out(Op.MATMUL, [a, b]), bias)
+
+
+@register("conv2d")
+def _conv2d(L, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = 0
+        elif padding == "same" and _pair(stride) == (1, 1):
+            k = _pair(weight.shape[-1]), _pair(weight.shape[-2])
+            d = _pair(dilation)
+            total = [d[i] * (weight.shape[2 + i] - 1) for i in range(2)]
+            if any(t % 2 for t in total):
+                raise UnsupportedError("conv2d padding='same' with an even kernel", hint="pad explicitly")
+            padding = (total[0] // 2, total[1] // 2)
+        else:
+            raise UnsupportedError(f"conv2d padding={padding!r} with stride {stride}")
+    operands = [x, weight] + ([bias] if bias is not None else [])
+    return L.out(Op.CONV2D, operands, stride=_pair(stride), padding=_pair(padding), dilation=_pair(dilation),
+                 groups=groups)
+
+
+def _batch_norm_f(L, x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    if training or running_mean is None:
+        raise UnsupportedError("batch norm in training mode", hint="call model.eval() before compiling")
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    scale = L.elementwise(Op.RSQRT, L.elementwise(Op.ADD, L.reshape(running_var, shape), eps))
+    if weight is not None:
+        scale = L.elementwise(Op.MUL, scale, L.reshape(weight, shape))
+    y = L.elementwise(Op.MUL, L.elementwise(Op.SUB, x, L.reshape(running_mean, shape)), scale)
+    return y if bias is None else L.elementwise(Op.ADD, y, L.reshape(bias, shape))
+
+
+_BY_IDENTITY[F.batch_norm] = _batch_norm_f
+_BY_IDENTITY[torch.batch_norm] = (lambda L, x, w, b, mean, var, training, momentum, eps, cudnn=True:
+                                  _batch_norm_f(L, x, mean, var, w, b, training, momentum, eps))
+
+
+@register("layer_norm")
+def _layer_norm(L, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    centered = L.elementwise(Op.SUB, x, L.out(Op.MEAN, [x], dims=dims, keepdim=True))
+    var = L.out(Op.MEAN, [L.elementwise(Op.MUL, centered, centered)], dims=dims, keepdim=True)
+    y = L.elementwise(Op.MUL, centered, L.elementwise(Op.RSQRT, L.elementwise(Op.ADD, var, eps)))
+    if weight is not None:
+        y = L.elementwise(Op.MUL, y, weight)
+    return y if bias is None else L.elementwise(Op.ADD, y, bias)
+
+
+@register("max_pool2d", "_max_pool2d", "max_pool2d_with_indices")
+def _max_pool2d(L, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    if return_indices:
+        raise UnsupportedError("max_pool2d(return_indices=True)")
+    stride = kernel_size if stride in (None, ()) else stride
+    return L.out(Op.MAX_POOL2D, [x], kernel=_pair(kernel_size), stride=_pair(stride), padding=_pair(padding),
+                 dilation=_pair(dilation), ceil_mode=ceil_mode)
+
+
+@register("avg_pool2d")
+def _avg_pool2d(L, x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    if divisor_override is not None:
+        raise UnsupportedError("avg_pool2d(divisor_override=...)")
+    stride = kernel_size if stride in (None, ()) else stride
+    return L.out(Op.AVG_POOL2D, [x], kernel=_pair(kernel_size), stride=_pair(stride), padding=_pair(padding),
+                 ceil_mode=ceil_mode, count_include_pad=count_include_pad)
+
+
+@register("adaptive_avg_pool2d")
+def _adaptive_avg_pool2d(L, x, output_size):
+    out = tuple(x.shape[-2 + i] if s is None else s for i, s in enumerate(_pair(output_size)))
+    if out == (1, 1):
+        return L.out(Op.MEAN, [x], dims=(x.dim() - 2, x.dim() - 1), keepdim=True)
+    h, w = x.shape[-2:]
+    if h % out[0] or w % out[1]:
+        raise UnsupportedError(f"adaptive_avg_pool2d from {h}x{w} to {out[0]}x{out[1]} (not a whole divisor)")
+    k = (h // out[0], w // out[1])
+    return L.out(Op.AVG_POOL2D, [x], kernel=k, stride=k, padding=(0, 0), ceil_mode=False, count_include_pad=True)
+
+
+def _embedding(L, input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+               sparse=False):
+    if max_norm is not None:
+        raise UnsupportedError("Embedding(max_norm=...) (it rewrites the weights during the call)")
+    return L.out(Op.GATHER, [weight, input], dim=0)
+
+
+_BY_IDENTITY[F.embedding] = _embedding
+_BY_IDENTITY[torch.embedding] = lambda L, weight, input, *rest: _embedding(L, input, weight)
+
+
+def _split_gates(L, gates, n):
+    size = gates.shape[-1] // n
+    return [_narrow(L, gates, -1, i * size, size) for i in range(n)]
+
+
+@register("lstm_cell")
+def _lstm_cell(L, x, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    h, c = hx
+    gates = L.elementwise(Op.ADD, L.linear(x, w_ih, b_ih), L.linear(h, w_hh, b_hh))
+    i, f, g, o = _split_gates(L, gates, 4)
+    sig = lambda t: L.elementwise(Op.SIGMOID, t)
+    c_next = L.elementwise(Op.ADD, L.elementwise(Op.MUL, sig(f), c),
+                           L.elementwise(Op.MUL, sig(i), L.elementwise(Op.TANH, g)))
+    h_next = L.elementwise(Op.MUL, sig(o), L.elementwise(Op.TANH, c_next))
+    return h_next, c_next
+
+
+@register("gru_cell")
+def _gru_cell(L, x, h, w_ih, w_hh, b_ih=None, b_hh=None):
+    gi_r, gi_z, gi_n = _split_gates(L, L.linear(x, w_ih, b_ih), 3)
+    gh_r, gh_z, gh_n = _split_gates(L, L.linear(h, w_hh, b_hh), 3)
+    r = L.elementwise(Op.SIGMOID, L.elementwise(Op.ADD, gi_r, gh_r))
+    z = L.elementwise(Op.SIGMOID, L.elementwise(Op.ADD, gi_z, gh_z))
+    n = L.elementwise(Op.TANH, L.elementwise(Op.ADD, gi_n, L.elementwise(Op.MUL, r, gh_n)))
+    # h' = (1 - z) * n + z * h  ==  n + z * (h - n)
+    return L.elementwise(Op.ADD, n, L.elementwise(Op.MUL, z, L.elementwise(Op.SUB, h, n)))
+
+
+@register("rnn_tanh_cell", "rnn_relu_cell")
+def _rnn_cell(L, x, h, w_ih, w_hh, b_ih=None, b_hh=None):
+    pre = L.elementwise(Op.ADD, L.linear(x, w_ih, b_ih), L.linear(h, w_hh, b_hh))
+    return L.elementwise(Op.TANH, pre)   # rnn_relu_cell is registered separately below
+
+
+register("rnn_relu_cell")(lambda L, x, h, w_ih, w_hh, b_ih=None, b_hh=None: L.elementwise(
+    Op.RELU, L.elementwise(Op.ADD, L.linear(x, w_ih, b_ih), L.linear(h, w_hh, b_hh))))
+
+
+@register("lstm", "gru", "rnn_tanh", "rnn_relu")
+def _full_rnn(L, *args, **kwargs):
+    raise UnsupportedError("nn.LSTM/nn.GRU/nn.RNN layers (cuDNN-style fused sequence ops)",
+                           hint="write the time loop with nn.LSTMCell/nn.GRUCell: `for t in range(T): h, c = cell(x[t], (h, c))`")
+
+
+# -- shapes and data movement --------------------------------------------------------------
+
+@register("view", "reshape")
+def _view(L, x, *shape):
+    if len(shape) == 1 and isinstance(shape[0], torch.dtype):
+        raise UnsupportedError("view(dtype) reinterpretation")
+    return L.reshape(x, _shape_args(shape))
+
+
+register("view_as", "reshape_as")(lambda L, x, other: L.reshape(x, tuple(other.shape)))
+
+
+@register("flatten")
+def _flatten(L, x, start_dim=0, end_dim=-1):
+    if x.dim() == 0:
+        return L.reshape(x, (1,))
+    s, e = start_dim % x.dim(), end_dim % x.dim()
+    return L.reshape(x, tuple(x.shape[:s]) + (-1,) + tuple(x.shape[e + 1:]))
+
+
+@register("unsqueeze")
+def _unsqueeze(L, x, dim):
+    d = dim % (x.dim() + 1)
+    return L.reshape(x, tuple(x.shape[:d]) + (1,) + tuple(x.shape[d:]))
+
+
+@register("squeeze")
+def _squeeze(L, x, dim=None):
+    dims = set(range(x.dim())) if dim is None else set(_dims(dim, x.dim()))
+    return L.reshape(x, tuple(s for i, s in enumerate(x.shape) if not (i in dims and s == 1)))
+
+
+@register("transpose", "swapaxes", "swapdims")
+def _transpose(L, x, d0, d1):
+    dims = list(range(x.dim()))
+    d0, d1 = d0 % x.dim(), d1 % x.dim()
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return L.permute(x, tuple(dims))
+
+
+register("t")(lambda L, x: L.permute(x, tuple(reversed(range(x.dim())))))
+register("permute")(lambda L, x, *dims: L.permute(x, _shape_args(dims)))
+
+
+@register("expand")
+def _expand(L, x, *sizes):
+    sizes = _shape_args(sizes)
+    shape = tuple(_meta(x).expand(sizes).shape)
+    return x if shape == tuple(x.shape) else L.out(Op.EXPAND, [x], view_of=x, shape=shape)
+
+
+register("expand_as")(lambda L, x, other: _expand(L, x, tuple(other.shape)))
+register("broadcast_to")(lambda L, x, shape: _expand(L, x, tuple(shape)))
+
+
+@register("repeat")
+def _repeat(L, x, *sizes):
+    sizes = _shape_args(sizes)
+    x = L.reshape(x, (1,) * (len(sizes) - x.dim()) + tuple(x.shape))
+    inter = tuple(v for r, s in zip(sizes, x.shape) for v in (r, s))
+    spread = L.reshape(x, tuple(v for s in x.shape for v in (1, s)))
+    return L.reshape(L.out(Op.EXPAND, [spread], shape=inter), tuple(r * s for r, s in zip(sizes, x.shape)))
+
+
+@register("contiguous", "clone", "detach", "requires_grad_", "__deepcopy__")
+def _identity(L, x, *args, **kwargs):
+    return L.t.wrap(L.val(x)) if isinstance(x, Proxy) else x
+
+
+@register("to", "type")
+def _to(L, x, *args, **kwargs):
+    dtype = kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, torch.Tensor):
+            dtype = a.dtype
+        elif isinstance(a, (str, torch.device)) and torch.device(a).type != L.t.device.type:
+            raise UnsupportedError(f"moving a tensor to {a} inside the program", hint="move inputs before calling")
+    return L.cast(x, dtype)
+
+
+for _name, _dtype in {"float": torch.float32, "double": torch.float64, "half": torch.float16,
+                      "bfloat16": torch.bfloat16, "long": torch.int64, "int": torch.int32, "bool": torch.bool}.items():
+    register(_name)((lambda dt: lambda L, x, *a, **k: L.cast(x, dt))(_dtype))
+
+
+@register("cpu", "cuda")
+def _device_move(L, x, *args, **kwargs):
+    return x
+
+
+@register("cat", "concat", "concatenate")
+def _cat(L, tensors, dim=0, *, out=None):
+    tensors = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)] or list(tensors)[:1]
+    if len(tensors) == 1:
+        return tensors[0]
+    return L.out(Op.CAT, list(tensors), dim=dim % tensors[0].dim())
+
+
+@register("stack")
+def _stack(L, tensors, dim=0, *, out=None):
+    d = dim % (tensors[0].dim() + 1)
+    return _cat(L, [_unsqueeze(L, t, d) for t in tensors], d)
+
+
+def _narrow(L, x, dim, start, length):
+    d = dim % x.dim()
+    key = [("slice", None, None, None)] * d + [("slice", start, start + length, None)]
+    return L.select(x, key, [])
+
+
+register("narrow")(_narrow)
+
+
+@register("split")
+def _split(L, x, split_size_or_sections, dim=0):
+    d = dim % x.dim()
+    n = x.shape[d]
+    sizes = ([split_size_or_sections] * math.ceil(n / split_size_or_sections) if isinstance(split_size_or_sections, int)
+             else list(split_size_or_sections))
+    out, start = [], 0
+    for s in sizes:
+        s = min(s, n - start)
+        out.append(_narrow(L, x, d, start, s))
+        start += s
+    return tuple(out)
+
+
+@register("chunk")
+def _chunk(L, x, chunks, dim=0):
+    return _split(L, x, math.ceil(x.shape[dim % x.dim()] / chunks), dim)
+
+
+register("tensor_split")(lambda L, x, sections, dim=0: _chunk(L, x, sections, dim))
+
+
+@register("unbind", "__iter__")
+def _unbind(L, x, dim=0):
+    d = dim % x.dim()
+    return tuple(L.select(x, [("slice", None, None, None)] * d + [("int", i)], []) for i in range(x.shape[d]))
+
+
+@register("select")
+def _select(L, x, dim, index):
+    return _getitem(L, x, (slice(None),) * (dim % x.dim()) + (index,))
+
+
+@register("index_select")
+def _index_select(L, x, dim, index):
+    return L.out(Op.GATHER, [x, index], dim=dim % x.dim())
+
+
+@register("item")
+def _item(L, x):
+    if x.numel() != 1:
+        raise UnsupportedError(f".item() of a tensor with {x.numel()} elements")
+    return L.reshape(x, ()) if x.dim() else L.t.wrap(L.val(x))
+
+
+# -- indexing ---------------------------------------------------------------------------------
+
+def _normalize_key(key) -> list:
+    key = list(key) if isinstance(key, tuple) else [key]
+    n_explicit = sum(1 for k in key if k is not None and k is not Ellipsis)
+    return key, n_explicit
+
+
+def _parse_key(L, x, key):
+    """Split an index into basic items (slices, ints, 0-d tensor ints, None) and at most one
+    integer-tensor index (advanced indexing), as (items, dynamic operands, advanced)."""
+    key, n_explicit = _normalize_key(key)
+    items, dynamic, advanced, dim = [], [], None, 0
+    for k in key:
+        if k is Ellipsis:
+            fill = x.dim() - n_explicit
+            items += [("slice", None, None, None)] * fill
+            dim += fill
+        elif k is None:
+            items.append(("new",))
+        elif isinstance(k, slice):
+            if any(isinstance(v, torch.Tensor) for v in (k.start, k.stop, k.step)):
+                raise UnsupportedError("a slice with tensor bounds (its length would depend on the data)",
+                                       hint="index one element at a time with a tensor index, or use a fixed length")
+            items.append(("slice", k.start, k.stop, k.step))
+            dim += 1
+        elif isinstance(k, bool):
+            raise UnsupportedError("indexing with a Python bool")
+        elif isinstance(k, int):
+            items.append(("int", k))
+            dim += 1
+        elif isinstance(k, torch.Tensor):
+            if k.dtype == torch.bool:
+                raise UnsupportedError("boolean mask indexing (its result's shape depends on the data)",
+                                       hint="use torch.where(mask, x, other) instead")
+            if k.dtype.is_floating_point:
+                raise UnsupportedError("indexing with a float tensor")
+            if k.dim() == 0:
+                items.append(("dyn",))
+                dynamic.append(k)
+            else:
+                if advanced is not None:
+                    raise UnsupportedError("indexing with more than one integer tensor")
+                advanced = (len(items), dim, k)
+                items.append(("slice", None, None, None))
+            dim += 1
+        elif isinstance(k, (list, tuple)):
+            raise UnsupportedError("indexing with a Python list", hint="index with a tensor: x[torch.tensor([...])]")
+        else:
+            raise UnsupportedError(f"indexing with {type(k).__name__}")
+    return items, dynamic, advanced
+
+
+@register("__getitem__")
+def _getitem(L, x, key):
+    items, dynamic, advanced = _parse_key(L, x, key)
+    if advanced is not None:
+        pos, dim, index = advanced
+        if any(it[0] in ("int", "dyn", "new") for it in items):
+            raise UnsupportedError("mixing an integer-tensor index with other integer or None indices")
+        x = _getitem_basic(L, x, items)
+        return L.out(Op.GATHER, [x, index], dim=dim)
+    return _getitem_basic(L, x, items, dynamic)
+
+
+def _getitem_basic(L, x, items, dynamic=()):
+    if all(it == ("slice", None, None, None) for it in items):
+        return x
+    return L.select(x, items, list(dynamic))
+
+
+@register("__setitem__")
+def _setitem(L, x, key, value):
+    if not isinstance(x, Proxy):
+        raise UnsupportedError("writing into a tensor that is not computed by the program (a parameter, "
+                               "a buffer or a global tensor)", hint="clone it first: `buf = self.buf.clone()`")
+    items, dynamic, advanced = _parse_key(L, x, key)
+    if advanced is not None:
+        raise UnsupportedError("assignment through an integer-tensor index", hint="write one row at a time with a 0-d index")
+    target = _meta(x)[tuple(slice(None) if it[0] == "dyn" else _static_item(it) for it in items)]
+    if _is_number(value):
+        value = L.t.wrap(L.t.scalar(value, x.dtype))
+    value = L.cast(value, x.dtype)
+    if tuple(value.shape) != tuple(target.shape):
+        value = _expand(L, value, tuple(target.shape)) if value.dim() <= target.dim() else L.reshape(value, tuple(target.shape))
+    new = L.t.emit(Op.UPDATE, [L.val(x), L.val(value)] + [L.val(d) for d in dynamic], {"key": tuple(items)})[0]
+    L.t.rebind(x, new)
+
+
+def _static_item(item):
+    return {"slice": lambda: slice(*item[1:]), "int": lambda: item[1], "new": lambda: None}[item[0]]()
+
+
+@register("copy_")
+def _copy(L, x, src, non_blocking=False):
+    _setitem(L, x, Ellipsis, src)
+    return x
+
+
+@register("fill_")
+def _fill(L, x, value):
+    _setitem(L, x, Ellipsis, value)
+    return x
+
+
+register("zero_")(lambda L, x: _fill(L, x, 0))
+
+
+# -- creation ------------------------------------------------------------------------------
+
+def _full_proxy(L, shape, value, dtype):
+    if isinstance(value, torch.Tensor):
+        return _expand(L, L.cast(value, dtype), shape)
+    return L.t.wrap(L.t.emit1(Op.FULL, [], shape=tuple(shape), value=value, dtype=dtype))
+
+
+def _factory_dtype(dtype, value=0.0):
+    if dtype is not None:
+        return dtype
+    return torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else torch.get_default_dtype()
+
+
+@register("zeros", "empty")
+def _zeros(L, *size, dtype=None, device=None, layout=None, requires_grad=False, pin_memory=False, out=None,
+           memory_format=None):
+    return _full_proxy(L, _shape_args(size), 0, dtype or torch.get_default_dtype())
+
+
+@register("ones")
+def _ones(L, *size, dtype=None, device=None, layout=None, requires_grad=False, pin_memory=False, out=None):
+    return _full_proxy(L, _shape_args(size), 1, dtype or torch.get_default_dtype())
+
+
+@register("full")
+def _full(L, size, fill_value, *, dtype=None, device=None, layout=None, requires_grad=False, pin_memory=False,
+          out=None):
+    return _full_proxy(L, tuple(size), fill_value, _factory_dtype(dtype, fill_value))
+
+
+def _like(value):
+    def h(L, x, *args, dtype=None, **kwargs):
+        fill = args[0] if args else value
+        return _full_proxy(L, tuple(x.shape), fill, dtype or x.dtype)
+    return h
+
+
+register("zeros_like", "empty_like")(_like(0))
+register("ones_like")(_like(1))
+register("full_like")(_like(None))
+
+
+def _new(value):
+    def h(L, x, *args, dtype=None, device=None, requires_grad=False, **kwargs):
+        if value is None:
+            size, fill = args[0], args[1]
+        else:
+            size, fill = _shape_args(args), value
+        return _full_proxy(L, tuple(size), fill, dtype or x.dtype)
+    return h
+
+
+register("new_zeros", "new_empty")(_new(0))
+register("new_ones")(_new(1))
+register("new_full")(_new(None))
+
+
+@register("arange")
+def _arange(L, start, end=None, step=1, *, dtype=None, device=None, layout=None, requires_grad=False, out=None):
+    if end is None:
+        start, end = 0, start
+    if any(isinstance(v, torch.Tensor) for v in (start, end, step)):
+        raise UnsupportedError("arange with tensor bounds (its length would depend on the data)")
+    if dtype is None:
+        dtype = torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype()
+    return L.t.wrap(L.t.emit1(Op.ARANGE, [], start=start, end=end, step=step, dtype=dtype))
+
+
+@register("tensor", "as_tensor", "scalar_tensor")
+def _tensor(L, data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
+    if isinstance(data, torch.Tensor):
+        return L.cast(data, dtype)
+    if _has_tensor(data):
+        raise UnsupportedError("torch.tensor() of a list holding tensors", hint="use torch.stack")
+    with torch._C.DisableTorchFunction():
+        value = torch.tensor(data, dtype=dtype, device=L.t.device)
+    if value.dim() == 0 and _is_number(data):
+        return L.t.wrap(L.t.scalar(data, value.dtype))
+    return L.t.wrap(L.t.constant(value))
+
+
+def _new_tensor(L, x, data, *, dtype=None, **kwargs):
+    return _tensor(L, data, dtype=dtype or x.dtype)
+
+
+register("new_tensor")(_new_tensor)
+
+
+def supported_op_names() -> list[str]:
+    """Every torch function/method name the frontend lowers (for docs/ops.md)."""
+    names = set(_BY_NAME) | {getattr(f, "__name__", str(f)) for f in _BY_IDENTITY}
+    return sorted(names)

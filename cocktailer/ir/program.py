@@ -1,0 +1,125 @@
+"""The IR's containers: values, operations, regions, functions and the program.
+
+Structured control flow: an IF or LOOP operation owns regions; a region is a list of
+operations with parameters (block arguments) and the values it yields. A region may
+read any value of an enclosing region of the same function (no explicit capture lists).
+A function's body does not see its caller's values: it receives them as parameters.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from cocktailer.ir.ops import Op
+from cocktailer.ir.types import TensorType
+
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    """Where in the user's program an operation came from."""
+    filename: str
+    lineno: int
+    function: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.filename.rsplit('/', 1)[-1]}:{self.lineno}"
+
+
+class Value:
+    """An SSA value: defined once, by an operation result or as a region parameter."""
+    __slots__ = ("type", "id", "hint")
+
+    def __init__(self, type: TensorType, hint: str = ""):
+        self.type = type
+        self.id = next(_ids)
+        self.hint = hint
+
+    def __repr__(self) -> str:
+        return f"Value(%{self.id}: {self.type})"
+
+
+@dataclass(eq=False)
+class Region:
+    params: list[Value] = field(default_factory=list)
+    ops: list["Operation"] = field(default_factory=list)
+    yields: list[Value] = field(default_factory=list)
+
+    def walk(self) -> Iterator["Operation"]:
+        """All operations of this region and of the regions nested in it, in order."""
+        for op in self.ops:
+            yield op
+            for r in op.regions:
+                yield from r.walk()
+
+
+@dataclass(eq=False)
+class Operation:
+    op: Op
+    operands: list[Value]
+    results: list[Value]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    regions: list[Region] = field(default_factory=list)
+    loc: SourceLoc | None = None
+
+    # LOOP layout: attrs["has_trip"] says whether operands[0] is the trip count;
+    # regions[0] is the body, regions[1] (optional, attrs["has_cond"]) the condition.
+    @property
+    def loop_trip(self) -> Value | None:
+        return self.operands[0] if self.attrs.get("has_trip") else None
+
+    @property
+    def loop_inits(self) -> list[Value]:
+        return self.operands[1:] if self.attrs.get("has_trip") else self.operands
+
+    @property
+    def loop_body(self) -> Region:
+        return self.regions[0]
+
+    @property
+    def loop_cond(self) -> Region | None:
+        return self.regions[1] if self.attrs.get("has_cond") else None
+
+
+@dataclass(eq=False)
+class Function:
+    name: str
+    body: Region
+    loc: SourceLoc | None = None
+
+    @property
+    def params(self) -> list[Value]:
+        return self.body.params
+
+    @property
+    def result_types(self) -> list[TensorType]:
+        return [v.type for v in self.body.yields]
+
+
+@dataclass(eq=False)
+class Program:
+    """A captured program: functions (the entry is `entry`), the constant tensors they
+    read, the device the tensors live on, and how to map Python arguments and results
+    to and from the entry function's flat tensor parameters and results."""
+    functions: dict[str, Function]
+    entry: str
+    constants: dict[str, torch.Tensor]
+    device: torch.device
+    input_spec: Any = None    # pytree spec of the arguments (their tensors are the entry's parameters)
+    output_spec: Any = None   # (pytree spec, [(is_tensor, python value)]) of the result; tensors are the yields
+
+    @property
+    def main(self) -> Function:
+        return self.functions[self.entry]
+
+    def walk(self) -> Iterator[Operation]:
+        for fn in self.functions.values():
+            yield from fn.body.walk()
+
+    def __str__(self) -> str:
+        from cocktailer.ir.printer import format_program
+        return format_program(self)

@@ -1,0 +1,30 @@
+"""The pass pipeline: a flat list of (name, pass), read top to bottom.
+
+Set COCKTAILER_PRINT_PASSES=1 (or settings.print_passes) to print the IR after each named
+pass, and COCKTAILER_VERIFY=1 (settings.verify) to run the verifier between passes."""
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from cocktailer import settings
+from cocktailer.ir import Program, format_program, verify
+from cocktailer.passes.dce import dce
+
+Pass = Callable[[Program], Program]
+
+CAPTURE_PIPELINE: list[tuple[str, Pass]] = [
+    ("dce", dce),
+]
+
+
+def run_pipeline(program: Program, pipeline: list[tuple[str, Pass]]) -> Program:
+    if settings.verify:
+        verify(program)
+    for name, pass_ in pipeline:
+        program = pass_(program)
+        if settings.print_passes:
+            print(f"// ---- after {name} ----\n{format_program(program)}", file=sys.stderr)
+        if settings.verify:
+            verify(program)
+    return program

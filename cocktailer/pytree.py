@@ -1,0 +1,53 @@
+"""Flatten nested tuples, lists and dicts to a list of leaves and back."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Spec:
+    kind: str                 # "leaf", "tuple", "list", "dict"
+    children: tuple = ()      # child Specs
+    keys: tuple = ()          # dict keys, in order
+
+    @property
+    def num_leaves(self) -> int:
+        return 1 if self.kind == "leaf" else sum(c.num_leaves for c in self.children)
+
+
+LEAF = Spec("leaf")
+
+
+def flatten(tree: Any) -> tuple[list, Spec]:
+    leaves: list = []
+
+    def go(node) -> Spec:
+        if type(node) is tuple or type(node) is list:
+            return Spec(type(node).__name__, tuple(go(c) for c in node))
+        if type(node) is dict:
+            keys = tuple(node)
+            return Spec("dict", tuple(go(node[k]) for k in keys), keys)
+        leaves.append(node)
+        return LEAF
+
+    return leaves, go(tree)
+
+
+def unflatten(spec: Spec, leaves: list) -> Any:
+    it = iter(leaves)
+
+    def go(s: Spec):
+        if s.kind == "leaf":
+            return next(it)
+        children = [go(c) for c in s.children]
+        if s.kind == "dict":
+            return dict(zip(s.keys, children))
+        return tuple(children) if s.kind == "tuple" else children
+
+    return go(spec)
+
+
+def tree_map(fn: Callable, tree: Any) -> Any:
+    leaves, spec = flatten(tree)
+    return unflatten(spec, [fn(x) for x in leaves])

@@ -1,0 +1,85 @@
+"""Runs a Program op by op with torch, control flow in Python. It is the living definition
+of the IR's semantics (see cocktailer.ir.ops) and the "reference" backend."""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Sequence
+
+import torch
+
+from cocktailer.errors import CompiledCallError
+from cocktailer.ir import CREATION, SEMANTICS, Function, Op, Operation, Program, Region
+
+# Each level of IR recursion costs a few Python frames here.
+RECURSION_LIMIT = 100_000
+
+
+class ReferenceExecutor:
+    def __init__(self, program: Program):
+        self.program = program
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        with _recursion_limit(RECURSION_LIMIT):
+            try:
+                return self.run_function(self.program.main, list(inputs))
+            except RecursionError:
+                raise CompiledCallError("the program recursed deeper than the reference executor supports "
+                                        f"(Python recursion limit {RECURSION_LIMIT})") from None
+
+    def run_function(self, fn: Function, args: list[torch.Tensor]) -> list[torch.Tensor]:
+        env = {p.id: a for p, a in zip(fn.params, args)}
+        return self.run_region(fn.body, env)
+
+    def run_region(self, region: Region, env: dict) -> list[torch.Tensor]:
+        for op in region.ops:
+            self.run_op(op, env)
+        return [env[v.id] for v in region.yields]
+
+    def run_op(self, op: Operation, env: dict):
+        kind = op.op
+        if kind is Op.IF:
+            outs = self.run_region(op.regions[0] if bool(env[op.operands[0].id]) else op.regions[1], env)
+        elif kind is Op.LOOP:
+            outs = self.run_loop(op, env)
+        elif kind is Op.CALL:
+            outs = self.run_function(self.program.functions[op.attrs["callee"]], [env[v.id] for v in op.operands])
+        elif kind is Op.CONST:
+            outs = [self.program.constants[op.attrs["name"]]]
+        else:
+            extra = {"device": self.program.device} if kind in CREATION else {}
+            outs = [SEMANTICS[kind](*(env[v.id] for v in op.operands), **op.attrs, **extra)]
+        for r, value in zip(op.results, outs):
+            env[r.id] = value
+
+    def run_loop(self, op: Operation, env: dict) -> list[torch.Tensor]:
+        trip = int(env[op.loop_trip.id]) if op.loop_trip is not None else None
+        carried = [env[v.id] for v in op.loop_inits]
+        body, cond = op.loop_body, op.loop_cond
+        i = 0
+        while trip is None or i < trip:
+            index = torch.tensor(i, dtype=torch.int64, device=self.program.device)
+            if cond is not None:
+                _bind(cond, env, index, carried)
+                if not bool(self.run_region(cond, env)[0]):
+                    break
+            _bind(body, env, index, carried)
+            carried = self.run_region(body, env)
+            i += 1
+        return carried
+
+
+def _bind(region: Region, env: dict, index: torch.Tensor, carried: list):
+    env[region.params[0].id] = index
+    for p, v in zip(region.params[1:], carried):
+        env[p.id] = v
+
+
+@contextmanager
+def _recursion_limit(limit: int):
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, limit))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)

@@ -1,0 +1,131 @@
+"""Helpers for the construct tests: compile once, compare with eager PyTorch, count IR ops.
+
+Only the public API is used here: `cocktailer.compile`, `cocktailer.capture`.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+import cocktailer
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def gen(seed: int) -> torch.Generator:
+    """A CPU generator with a fixed seed, so every test input is reproducible."""
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen(seed)) * scale
+
+
+def _clone(value: Any) -> Any:
+    """Deep-copy the tensors in an input structure so eager and compiled calls cannot see
+    each other's in-place writes."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, tuple):
+        return tuple(_clone(v) for v in value)
+    if isinstance(value, list):
+        return [_clone(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    return value
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def assert_same(actual: Any, expected: Any, rtol: float = 1e-5, atol: float = 1e-6, path: str = "out") -> None:
+    """Recursively compare a compiled result with the eager one: same structure (tuple/list
+    lengths, dict keys), and for every tensor the same dtype, the same shape and close
+    values (exactly equal for integer and bool tensors)."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{path}: expected a tensor, got {type(actual).__name__}"
+        assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype} != eager {expected.dtype}"
+        assert tuple(actual.shape) == tuple(expected.shape), (
+            f"{path}: shape {tuple(actual.shape)} != eager {tuple(expected.shape)}")
+        assert actual.device == expected.device, f"{path}: device {actual.device} != eager {expected.device}"
+        a, e = actual.detach(), expected.detach()
+        if e.dtype.is_floating_point or e.dtype.is_complex:
+            torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{path}: {m}")
+        else:
+            assert torch.equal(a, e), f"{path}: values differ\ncompiled: {a}\neager:    {e}"
+        return
+    if isinstance(expected, (tuple, list)):
+        assert isinstance(actual, (tuple, list)), f"{path}: expected a {type(expected).__name__}, got {type(actual).__name__}"
+        assert len(actual) == len(expected), f"{path}: {len(actual)} outputs != eager {len(expected)}"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, rtol, atol, f"{path}[{i}]")
+        return
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), f"{path}: expected a dict, got {type(actual).__name__}"
+        assert set(actual) == set(expected), f"{path}: keys {sorted(actual)} != eager {sorted(expected)}"
+        for k in expected:
+            assert_same(actual[k], expected[k], rtol, atol, f"{path}[{k!r}]")
+        return
+    if expected is None:
+        assert actual is None, f"{path}: expected None, got {actual!r}"
+        return
+    if isinstance(expected, float):
+        assert isinstance(actual, (int, float)) and not isinstance(actual, bool), f"{path}: expected a float, got {actual!r}"
+        assert math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol) or (
+            math.isnan(actual) and math.isnan(expected)), f"{path}: {actual!r} != eager {expected!r}"
+        return
+    assert type(actual) is type(expected), f"{path}: type {type(actual).__name__} != eager {type(expected).__name__}"
+    assert actual == expected, f"{path}: {actual!r} != eager {expected!r}"
+
+
+def assert_matches_eager(
+    model_or_fn: Callable,
+    input_sets: Sequence[Sequence[Any]],
+    backend: str = "reference",
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+):
+    """Compile `model_or_fn` ONCE, with the first input set as example inputs, then call the
+    compiled object on every input set (same or different shapes: different values exercise
+    other branches and trip counts, different shapes exercise re-specialization) and compare
+    with the eager call under torch.no_grad(). Returns the compiled object."""
+    input_sets = [tuple(s) if isinstance(s, (tuple, list)) else (s,) for s in input_sets]
+    assert input_sets, "need at least one input set"
+    if isinstance(model_or_fn, torch.nn.Module):
+        model_or_fn.eval()
+    fast = cocktailer.compile(model_or_fn, example_inputs=_clone(input_sets[0]), backend=backend)
+    for k, inputs in enumerate(input_sets):
+        with torch.no_grad():
+            expected = model_or_fn(*_clone(inputs))
+            actual = fast(*_clone(inputs))
+        assert_same(actual, expected, rtol, atol, path=f"input set {k}: out")
+    return fast
+
+
+# --------------------------------------------------------------------------- IR text
+
+_COMMENT = re.compile(r"(^|\s)#.*$", re.MULTILINE)
+_STRING = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'")
+
+
+def count_ops(program_text: Any, name: str) -> int:
+    """How many times the op `name` (e.g. 'loop', 'if', 'call') occurs in a program's text.
+
+    Accepts a Program or its text. Source-location comments (`# file.py:12`) and quoted
+    strings (constant names such as "cell.weight") are ignored, and `name` must stand as a
+    whole word, so 'if' does not count 'elif', 'continue_if' or a '%if_1' value."""
+    text = program_text if isinstance(program_text, str) else str(program_text)
+    text = _STRING.sub('""', _COMMENT.sub(r"\1", text))
+    return len(re.findall(r"(?<![\w@%$.])" + re.escape(name) + r"(?![\w])", text))
+
+
+def capture_text(model_or_fn: Callable, inputs: Iterable[Any]) -> str:
+    if isinstance(model_or_fn, torch.nn.Module):
+        model_or_fn.eval()
+    return str(cocktailer.capture(model_or_fn, tuple(_clone(tuple(inputs)))))
