@@ -96,7 +96,10 @@ class CompiledFunction:
         program, run = self._entry(args, kwargs)
         leaves, _ = pytree.flatten((args, kwargs))
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-        outputs = iter(run(tensors))
+        results = run(tensors)
+        for n, value in zip(program.inputs_written, results[len(results) - len(program.inputs_written):]):
+            tensors[n].copy_(value)   # the program wrote into this input in place, as eager would
+        outputs = iter(results)
         out_spec, kinds = program.output_spec
         return pytree.unflatten(out_spec, [next(outputs) if is_tensor else value for is_tensor, value in kinds])
 

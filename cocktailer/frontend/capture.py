@@ -227,20 +227,18 @@ def _capture_once(fn, args, kwargs, device, hints, returns) -> Program:
     leaves, in_spec = pytree.flatten((args, kwargs))
     with context.active(Capture(tracer, returns)) as cap, \
             tracer.in_region(main.body, RegionInfo("function"), new_function=True), _CaptureMode(tracer):
+        tensor_positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        tracer.set_params(main.body, [tracer.new_param(TensorType.of(leaves[i])) for i in tensor_positions])
         inner = list(leaves)
-        for i, x in enumerate(leaves):
-            if isinstance(x, torch.Tensor):
-                param = tracer.new_param(TensorType.of(x), hint=f"arg{i}")
-                main.body.params.append(param)
-                inner[i] = tracer.wrap(param)
+        for i, param in zip(tensor_positions, main.body.params):
+            inner[i] = tracer.wrap(param)
         a, k = pytree.unflatten(in_spec, inner)
         result = cap.call(fn, a, k)
         out, out_spec = pytree.flatten(result)
         main.body.yields = [tracer.value_of(x) for x in out if isinstance(x, torch.Tensor)]
-        params = iter(main.body.params)
-        if any(is_proxy(x) and x.value is not next(params) for x in inner):
-            raise UnsupportedError("the program writes into one of its input tensors in place",
-                                   hint="clone the input first (`x = x.clone()`)")
+        # Inputs written in place: their final values are extra results, copied back after the call.
+        written = [n for n, i in enumerate(tensor_positions) if inner[i].value is not main.body.params[n]]
+        main.body.yields += [inner[tensor_positions[n]].value for n in written]
     kinds = [(True, None) if isinstance(x, torch.Tensor) else (False, x) for x in out]
     return Program({"main": main, **tracer.functions}, "main", tracer.constants, device,
-                   input_spec=in_spec, output_spec=(out_spec, kinds))
+                   input_spec=in_spec, output_spec=(out_spec, kinds), inputs_written=written)

@@ -137,6 +137,11 @@ _OUTPUT = object()   # placeholder for a leaf that becomes an IF result
 
 
 def _merge_branch_values(t, name, a, b, then_r, else_r, yields):
+    if isinstance(a, Undefined) != isinstance(b, Undefined):
+        if not name.startswith(RETURN_VALUE):
+            return pytree.LEAF, [Undefined(name)]
+        # the path that has not returned yet: fill with zeros of the returned structure
+        a, b = (pytree.tree_map(lambda _: a, b), b) if isinstance(a, Undefined) else (a, pytree.tree_map(lambda _: b, a))
     a_leaves, a_spec = pytree.flatten(a)
     b_leaves, b_spec = pytree.flatten(b)
     if a_spec != b_spec:
@@ -331,8 +336,8 @@ def _trace_loop(body_fn, cond_fn, state: tuple, names: Sequence[str], key, trip:
 
 def _bind_params(t: Tracer, region: Region, leaves, carry: _CarrySpec) -> list:
     """Fresh parameters (index, carried..., written...) bound to the state the region sees."""
-    region.params = [Value(INDEX)] + [Value(ty) for ty in carry.types.values()] + \
-                    [Value(p.value.type) for p in carry.written]
+    t.set_params(region, [Value(INDEX)] + [Value(ty) for ty in carry.types.values()] +
+                 [Value(p.value.type) for p in carry.written])
     inner = list(leaves)
     for i, v in zip(carry.types, region.params[1:]):
         inner[i] = t.wrap(v)

@@ -189,8 +189,8 @@ class _Jumps:
     def block(self, stmts: list[ast.stmt], loop) -> list[ast.stmt]:
         out = []
         for i, s in enumerate(stmts):
+            flags = self.may_set(s, loop)   # before lowering s, which removes its jumps
             out += self.stmt(s, loop)
-            flags = self.may_set(s, loop)
             if flags:
                 rest = self.block(stmts[i + 1:], loop)
                 if rest:
@@ -413,6 +413,7 @@ def convert_ast(fn: Callable) -> tuple[ast.Module, _Source]:
         raise UnsupportedError("an async function", src.loc(fdef))
     _refuse_unsupported(src, fdef)
     fdef.decorator_list = []
+    fdef.name = f"{P}converted"   # the factory must not shadow the function's own name (recursion)
     params = [a.arg for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs]
     params += [a.arg for a in (fdef.args.vararg, fdef.args.kwarg) if a is not None]
     body = _Jumps(src).function(fdef)
@@ -451,6 +452,7 @@ def convert(fn: types.FunctionType) -> types.FunctionType | None:
     converted.__defaults__ = fn.__defaults__
     converted.__kwdefaults__ = fn.__kwdefaults__
     converted.__wrapped__ = fn
+    converted.__name__, converted.__qualname__ = fn.__name__, fn.__qualname__
     return converted
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from cocktailer.errors import UnsupportedError
 from cocktailer.frontend.tracer import Proxy, Tracer, is_proxy
-from cocktailer.ir import Op, TensorType, Value
+from cocktailer.ir import Op, TensorType, Value, infer_type
 
 Handler = Callable[..., Any]
 _BY_NAME: dict[str, Handler] = {}
@@ -52,7 +52,7 @@ class Lowering:
         value = self.t.emit(op, [self.val(o) for o in operands], attrs)[0]
         proxy = self.t.wrap(value)
         if op in _VIEW_OPS and isinstance(view_of, Proxy):
-            base = view_of.view_of or view_of
+            base = view_of.view_of if view_of.view_of is not None else view_of
             proxy.view_of, proxy.view_version = base, base.version
         return proxy
 
@@ -91,8 +91,11 @@ class Lowering:
         y = self.out(Op.MATMUL, [x, self.permute(w, (1, 0))])
         return y if b is None else self.elementwise(Op.ADD, y, b)
 
-    def select(self, x, key: list, dynamic: list, view: bool = True):
-        return self.out(Op.SELECT, [x] + dynamic, view_of=x if view else None, key=tuple(key))
+    def select(self, x, key: list, dynamic: list):
+        proxy = self.out(Op.SELECT, [x] + dynamic, view_of=x, key=tuple(key))
+        if isinstance(x, Proxy) and x.view_of is None:
+            proxy.view_key = (tuple(key), tuple(dynamic))   # lets a write into the view reach x
+        return proxy
 
 
 def _is_number(x) -> bool:
@@ -748,9 +751,9 @@ def _parse_key(L, x, key):
         elif k is None:
             items.append(("new",))
         elif isinstance(k, slice):
-            if any(isinstance(v, torch.Tensor) for v in (k.start, k.stop, k.step)):
-                raise UnsupportedError("a slice with tensor bounds (its length would depend on the data)",
-                                       hint="index one element at a time with a tensor index, or use a fixed length")
+            for bound in (k.start, k.stop, k.step):
+                if is_proxy(bound):   # the length would depend on the data, unless unrolling makes it Python
+                    L.t.concretize(bound, "a slice bound")
             items.append(("slice", k.start, k.stop, k.step))
             dim += 1
         elif isinstance(k, bool):
@@ -806,18 +809,14 @@ def _setitem(L, x, key, value):
     items, dynamic, advanced = _parse_key(L, x, key)
     if advanced is not None:
         raise UnsupportedError("assignment through an integer-tensor index", hint="write one row at a time with a 0-d index")
-    target = _meta(x)[tuple(slice(None) if it[0] == "dyn" else _static_item(it) for it in items)]
+    target = infer_type(Op.SELECT, [TensorType.of(x)] + [TensorType.of(d) for d in dynamic], {"key": tuple(items)})
     if _is_number(value):
         value = L.t.wrap(L.t.scalar(value, x.dtype))
     value = L.cast(value, x.dtype)
-    if tuple(value.shape) != tuple(target.shape):
-        value = _expand(L, value, tuple(target.shape)) if value.dim() <= target.dim() else L.reshape(value, tuple(target.shape))
+    if tuple(value.shape) != target.shape:
+        value = _expand(L, value, target.shape) if value.dim() <= target.rank else L.reshape(value, target.shape)
     new = L.t.emit(Op.UPDATE, [L.val(x), L.val(value)] + [L.val(d) for d in dynamic], {"key": tuple(items)})[0]
     L.t.rebind(x, new)
-
-
-def _static_item(item):
-    return {"slice": lambda: slice(*item[1:]), "int": lambda: item[1], "new": lambda: None}[item[0]]()
 
 
 @register("copy_")

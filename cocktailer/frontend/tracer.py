@@ -67,6 +67,7 @@ class Proxy(torch.Tensor):
         self.tracer = tracer
         self.view_of: Proxy | None = None   # base proxy when this tensor is a view of another
         self.view_version = 0               # base.version when the view was taken
+        self.view_key = None                # (SELECT key, dynamic indices) when the view is x[key] of its base
         self.version = 0                    # bumped by every in-place write
 
     @classmethod
@@ -108,13 +109,17 @@ class Tracer:
         self.chain = self.chain + [region]
         self.mutation_logs = self.mutation_logs + [{}]
         self.region_info[id(region)] = info
-        for i, p in enumerate(region.params):
-            self.value_region[p.id] = region
-            self.param_index[p.id] = i
+        self.set_params(region, region.params)
         try:
             yield self.mutation_logs[-1]
         finally:
             self.chain, self.mutation_logs = saved
+
+    def set_params(self, region: Region, params: list[Value]):
+        region.params = params
+        for i, p in enumerate(params):
+            self.value_region[p.id] = region
+            self.param_index[p.id] = i
 
     def outer_mutations(self, log: dict[Proxy, Value], region: Region) -> dict[Proxy, Value]:
         """The proxies written in `region` that existed before it, with their old values."""
@@ -170,11 +175,19 @@ class Tracer:
                  "or assign the value to a local variable")
 
     def rebind(self, proxy: Proxy, value: Value):
-        """An in-place write: `proxy` now stands for `value`."""
-        if proxy.view_of is not None:
-            raise UnsupportedError(
-                "in-place write into a view of another tensor (a slice, reshape or transpose of it)",
-                hint="write through the original tensor with an index, e.g. `k[:, :, i, :] = v`")
+        """An in-place write: `proxy` now stands for `value`. A write into `base[key]`
+        (a view) also writes the base, as torch's shared memory would."""
+        base = proxy.view_of
+        if base is not None:
+            if proxy.view_key is None:
+                raise UnsupportedError(
+                    "in-place write into a reshaped, transposed or twice-indexed view of another tensor",
+                    hint="write through the original tensor with one index, e.g. `k[:, :, i, :] = v`")
+            self.value_of(proxy)   # refuses a stale view
+            key, dynamic = proxy.view_key
+            new_base = self.emit1(Op.UPDATE, [base.value, value] + [self.value_of(d) for d in dynamic], key=key)
+            self.rebind(base, new_base)
+            proxy.view_version = base.version
         self.mutation_logs[-1].setdefault(proxy, proxy.value)
         proxy.value = value
         proxy.version += 1

@@ -116,11 +116,26 @@ def build_key(key: tuple, dynamic: tuple[torch.Tensor, ...]) -> tuple:
     return tuple(out)
 
 
+def _meta_safe(x, key):
+    """Shape inference of a dynamic index into an empty dim (the body of a loop that runs
+    zero times): pretend the dim has one element; the result's shape is the same."""
+    if not x.is_meta:
+        return x
+    shape, dim = list(x.shape), 0
+    for item in key:
+        if item[0] == "dyn" and shape[dim] == 0:
+            shape[dim] = 1
+        dim += item[0] != "new"
+    return torch.empty(shape, dtype=x.dtype, device="meta")
+
+
 def _select(x, *dynamic, key):
-    return x[build_key(key, dynamic)]
+    return _meta_safe(x, key)[build_key(key, dynamic)]
 
 
 def _update(x, v, *dynamic, key):
+    if x.is_meta:
+        return x.clone()
     y = x.clone()
     y[build_key(key, dynamic)] = v
     return y

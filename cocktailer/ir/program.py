@@ -111,6 +111,8 @@ class Program:
     device: torch.device
     input_spec: Any = None    # pytree spec of the arguments (their tensors are the entry's parameters)
     output_spec: Any = None   # (pytree spec, [(is_tensor, python value)]) of the result; tensors are the yields
+    inputs_written: list[int] = field(default_factory=list)   # tensor inputs written in place: their new
+                                                              # values are the last yields, copied back
 
     @property
     def main(self) -> Function:
