@@ -3,10 +3,10 @@
     fast = cocktailer.compile(model, example_inputs=(x, h))
     print(cocktailer.capture(model, (x, h)))
 """
-from cocktailer.api import BACKENDS, CompiledFunction, GradFallbackWarning, capture, compile
+from cocktailer.api import BACKENDS, CompiledFunction, GradFallbackWarning, capture, compile, compile_traced
 from cocktailer.errors import CocktailerError, CompiledCallError, UnsupportedError
 from cocktailer.ir import Program, format_program, verify
 
 __version__ = "0.1.0"
 __all__ = ["BACKENDS", "CocktailerError", "CompiledCallError", "CompiledFunction", "GradFallbackWarning",
-           "Program", "UnsupportedError", "capture", "compile", "format_program", "verify"]
+           "Program", "UnsupportedError", "capture", "compile", "compile_traced", "format_program", "verify"]

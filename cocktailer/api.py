@@ -13,6 +13,7 @@ from cocktailer.frontend import capture as _frontend_capture
 from cocktailer.ir import Program
 from cocktailer.passes import CAPTURE_PIPELINE, run_pipeline
 from cocktailer.reference import ReferenceExecutor
+from cocktailer.reference.trace import traced_graph
 
 # name -> factory(Program) -> callable(list of input tensors) -> list of output tensors
 BACKENDS: dict[str, Callable[[Program], Callable]] = {
@@ -26,6 +27,22 @@ def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwa
     `str(program)` is its text form."""
     program = _frontend_capture(model_or_function, _as_tuple(example_inputs), example_kwargs)
     return run_pipeline(program, CAPTURE_PIPELINE)
+
+
+def compile_traced(model_or_function: Callable, example_inputs: tuple, *, backend: str = "auto",
+                   example_kwargs: dict | None = None) -> "CompiledFunction":
+    """Compile the traced graph of `model_or_function` for these inputs: control flow resolved
+    by running it once (loops unrolled, taken branches only, recursion flattened). The result
+    is only right for inputs that take the same decisions, and only accepts these shapes:
+    it is the lower bound that benchmarks compare control flow against."""
+    compiled = compile(model_or_function, backend=backend)
+    args, kwargs = compiled._bind(_as_tuple(example_inputs), example_kwargs or {})
+    program = capture(model_or_function, args, kwargs)
+    tensors = [x for x in pytree.flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+    program = run_pipeline(traced_graph(program, tensors), CAPTURE_PIPELINE)
+    compiled.cache[compiled._key(args, kwargs)] = (program, BACKENDS[compiled.backend](program))
+    compiled.frozen = True
+    return compiled
 
 
 def compile(model_or_function: Callable, example_inputs: tuple | None = None, *, backend: str = "auto",
@@ -64,6 +81,11 @@ class CompiledFunction:
         self.parameters = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
         self.cache: dict[tuple, tuple[Program, Callable]] = {}
         self._warned_grad = False
+        self.frozen = False   # compile_traced: no other specialization may be compiled
+
+    def _key(self, args, kwargs) -> tuple:
+        leaves, _ = pytree.flatten((args, kwargs))
+        return tuple(_leaf_key(x) for x in leaves)
 
     def _bind(self, args, kwargs) -> tuple[tuple, dict]:
         bound = self.signature.bind(*args, **kwargs)
@@ -76,10 +98,11 @@ class CompiledFunction:
         return self._entry(args, kwargs)[0]
 
     def _entry(self, args, kwargs) -> tuple[Program, Callable]:
-        leaves, _ = pytree.flatten((args, kwargs))
-        key = tuple(_leaf_key(x) for x in leaves)
+        key = self._key(args, kwargs)
         entry = self.cache.get(key)
         if entry is None:
+            if self.frozen:
+                raise CompiledCallError("a traced graph only runs on inputs shaped like the ones it was traced with")
             program = capture(self.fn, args, kwargs)
             entry = self.cache[key] = (program, BACKENDS[self.backend](program))
         return entry

@@ -15,7 +15,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from cocktailer import pytree
-from cocktailer.errors import UnsupportedError, is_user_file, user_location
+from cocktailer.errors import UnsupportedError, is_user_file
 from cocktailer.frontend import context
 from cocktailer.frontend.convert import convert
 from cocktailer.frontend.lowering import lower_call
@@ -223,7 +223,8 @@ def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwa
 
 def _capture_once(fn, args, kwargs, device, hints, returns) -> Program:
     tracer = Tracer(device, _parameter_names(fn), hints)
-    main = Function("main", Region(), user_location(3))
+    forward = type(fn).forward if isinstance(fn, torch.nn.Module) else fn
+    main = Function("main", Region(), _definition_loc(forward) if hasattr(forward, "__code__") else None)
     leaves, in_spec = pytree.flatten((args, kwargs))
     with context.active(Capture(tracer, returns)) as cap, \
             tracer.in_region(main.body, RegionInfo("function"), new_function=True), _CaptureMode(tracer):

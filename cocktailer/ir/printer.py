@@ -99,6 +99,9 @@ class _Printer:
         if op.op is Op.CONST:
             self.lines.append(f"{pad}{lhs}const {op.attrs['name']!r} : {_types(op.results)}{loc}")
             return
+        if op.op in (Op.SCALAR, Op.FULL):   # shape and dtype are in the result type
+            self.lines.append(f"{pad}{lhs}{name} {op.attrs['value']} : {_types(op.results)}{loc}")
+            return
         attrs = dict(op.attrs)
         key = attrs.pop("key", None)
         operands = ", ".join(map(_v, op.operands))

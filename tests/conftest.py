@@ -1,0 +1,4 @@
+"""Tests run the IR verifier after capture and between passes."""
+from cocktailer import settings
+
+settings.verify = True
