@@ -53,6 +53,7 @@ class Capture:
         fn, self_arg = target
         converted = convert(fn)
         if converted is None:   # no source: run it as is (tensor control flow inside will be refused)
+            self.tracer.unconverted.add(f"`{fn.__qualname__}` ({fn.__code__.co_filename})")
             return f(*args, **kwargs)
         if self_arg is not None:
             args = (self_arg,) + args
@@ -139,7 +140,11 @@ def _user_callable(f) -> tuple[types.FunctionType, Any] | None:
 
 
 def _is_user_function(f) -> bool:
-    return isinstance(f, types.FunctionType) and f.__name__ != "<lambda>" and is_user_file(f.__code__.co_filename)
+    if not isinstance(f, types.FunctionType) or f.__name__ == "<lambda>":
+        return False
+    filename = f.__code__.co_filename
+    # code typed at a prompt or exec'd ("<string>") is the user's too, though its source is unreadable
+    return is_user_file(filename) or (filename.startswith("<") and not filename.startswith("<frozen"))
 
 
 def _function_key(fn, args, kwargs) -> tuple:

@@ -98,6 +98,7 @@ class Tracer:
         self.producer: dict[int, Operation] = {}
         self.param_index: dict[int, int] = {}          # region parameter -> its position
         self._hoisted: dict[tuple, Value] = {}         # per function: constants and scalars
+        self.unconverted: set[str] = set()             # user functions whose source could not be read
 
     # -- regions --------------------------------------------------------------------
     @contextmanager
@@ -259,8 +260,10 @@ class Tracer:
         loops, other = self._loop_indices_behind(proxy.value)
         if loops and not other:
             raise Restart("unroll", loops[0])
+        unread = (" cocktailer could not read the source of " + ", ".join(sorted(self.unconverted)) +
+                  ", so its control flow runs as plain Python;") if self.unconverted else ""
         raise UnsupportedError(
-            f"Python needs the value of a tensor here ({what}), but it is only known when the program runs",
+            f"Python needs the value of a tensor here ({what}), but it is only known when the program runs.{unread}",
             hint="keep tensor-dependent decisions in `if`/`while` statements of functions cocktailer converts, "
                  "index lists and ModuleLists only with Python ints or loop variables of `range(<python int>)`, "
                  "and index tensors with tensors")
