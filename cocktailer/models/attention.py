@@ -68,4 +68,4 @@ def attention(batch: int, size: str, seed: int, **overrides) -> Workload:
     cfg["decode_steps"] = cfg["max_len"] - cfg["prompt_len"]
     model = build(lambda: CachedSelfAttention(cfg["heads"], cfg["head_dim"], cfg["max_len"]), seed)
     prompt = torch.randn(batch, cfg["prompt_len"], cfg["hidden"], generator=generator(seed))
-    return Workload("attention", model, (prompt,), batch, cfg)
+    return Workload("attention", model, (prompt,), batch, cfg, batches=True)

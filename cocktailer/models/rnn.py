@@ -106,11 +106,11 @@ def lstm(batch: int, size: str, seed: int, **overrides) -> Workload:
     cfg = resolve_config("lstm", size, LSTM_CONFIG, overrides)
     model = build(lambda: StackedLSTM(cfg["input_size"], cfg["hidden"], cfg["layers"]), seed)
     x = torch.randn(cfg["seq_len"], batch, cfg["input_size"], generator=generator(seed))
-    return Workload("lstm", model, (x,), batch, cfg)
+    return Workload("lstm", model, (x,), batch, cfg, batches=True)
 
 
 def nasrnn(batch: int, size: str, seed: int, **overrides) -> Workload:
     cfg = resolve_config("nasrnn", size, NASRNN_CONFIG, overrides)
     model = build(lambda: NASRNN(cfg["input_size"], cfg["hidden"]), seed)
     x = torch.randn(cfg["seq_len"], batch, cfg["input_size"], generator=generator(seed))
-    return Workload("nasrnn", model, (x,), batch, cfg)
+    return Workload("nasrnn", model, (x,), batch, cfg, batches=True)

@@ -93,4 +93,4 @@ def seq2seq(batch: int, size: str, seed: int, **overrides) -> Workload:
     g = generator(seed)
     h = torch.randn(batch, cfg["hidden"], generator=g)
     c = torch.randn(batch, cfg["hidden"], generator=g)
-    return Workload("seq2seq", model, (h, c, eos_bias_for(lengths, max_len)), batch, cfg)
+    return Workload("seq2seq", model, (h, c, eos_bias_for(lengths, max_len)), batch, cfg, batches=True)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -24,8 +24,8 @@ class Workload:
     model: torch.nn.Module
     inputs: tuple
     batch: int
-    config: dict = field(default_factory=dict)
-    batches: bool = True
+    config: dict
+    batches: bool
 
 
 def generator(seed: int) -> torch.Generator:
