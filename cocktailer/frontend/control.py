@@ -109,7 +109,7 @@ def if_stmt(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Seq
     for fn, kind in ((then_fn, "then"), (else_fn, "else")):
         region = Region()
         with t.in_region(region, RegionInfo(kind, context.loc(loc))) as log:
-            out = fn(*state)
+            out = fn(*_fresh_containers(state))   # a branch that does `h[i] = v` must not change the other's `h`
         written = t.outer_mutations(log, region)
         branches.append((region, out, {p: p.value for p in written}))
         for p, old in written.items():
@@ -134,6 +134,11 @@ def if_stmt(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Seq
 
 
 _OUTPUT = object()   # placeholder for a leaf that becomes an IF result
+
+
+def _fresh_containers(state: tuple) -> tuple:
+    leaves, spec = pytree.flatten(state)
+    return pytree.unflatten(spec, leaves)
 
 
 def _merge_branch_values(t, name, a, b, then_r, else_r, yields):

@@ -127,6 +127,8 @@ def _stores(nodes) -> set[str]:
         for n in itertools.chain([node], _walk_scope(node)):
             if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
                 out.add(n.id)
+            elif isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name):
+                out.add(n.value.id)   # `h[i] = v` changes what `h` holds: a loop or branch must carry it
             elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 out.add(n.name)
             elif isinstance(n, (ast.Import, ast.ImportFrom)):
