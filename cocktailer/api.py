@@ -15,11 +15,18 @@ from cocktailer.passes import CAPTURE_PIPELINE, run_pipeline
 from cocktailer.reference import ReferenceExecutor
 from cocktailer.reference.trace import traced_graph
 
+from cocktailer.runtime.cpu import BackendUnavailable, cpu_backend
+from cocktailer.runtime.compiler import find_compiler
+from cocktailer.runtime.host import HostExecutor
+
 # name -> factory(Program) -> callable(list of input tensors) -> list of output tensors
 BACKENDS: dict[str, Callable[[Program], Callable]] = {
+    "cpu": cpu_backend,          # the whole program, control flow included, as one native call
+    "host": HostExecutor,        # control flow in Python, each basic block one native call (CocktailerBase)
     "reference": ReferenceExecutor,
 }
-AUTO_ORDER = ["reference"]   # "auto" picks the first available, best first
+AUTO_ORDER = ["cpu", "reference"]   # "auto" takes the first that can run the program
+NATIVE = {"cpu", "host"}
 
 
 def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwargs: dict | None = None) -> Program:
@@ -55,9 +62,7 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     Inference only: when autograd would record the call (grad mode on and an input or
     parameter requires grad), it runs the original model eagerly instead, with one warning.
     """
-    if backend == "auto":
-        backend = next(b for b in AUTO_ORDER if b in BACKENDS)
-    if backend not in BACKENDS:
+    if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(['auto', *BACKENDS])}")
     compiled = CompiledFunction(model_or_function, backend)
     if example_inputs is not None:
@@ -81,6 +86,7 @@ class CompiledFunction:
         self.parameters = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
         self.cache: dict[tuple, tuple[Program, Callable]] = {}
         self._warned_grad = False
+        self.chosen = backend        # with "auto": the backend the last specialization used
         self.frozen = False   # compile_traced: no other specialization may be compiled
 
     def _key(self, args, kwargs) -> tuple:
@@ -104,7 +110,7 @@ class CompiledFunction:
             if self.frozen:
                 raise CompiledCallError("a traced graph only runs on inputs shaped like the ones it was traced with")
             program = capture(self.fn, args, kwargs)
-            entry = self.cache[key] = (program, BACKENDS[self.backend](program))
+            entry = self.cache[key] = (program, self._build(program))
         return entry
 
     def __call__(self, *args, **kwargs):
@@ -126,12 +132,42 @@ class CompiledFunction:
         out_spec, kinds = program.output_spec
         return pytree.unflatten(out_spec, [next(outputs) if is_tensor else value for is_tensor, value in kinds])
 
+    def _build(self, program: Program) -> Callable:
+        """The backend's executable for `program`. "auto" takes the first backend in AUTO_ORDER
+        that can run it; a native backend without a C compiler falls back to the reference
+        backend with one warning."""
+        if self.backend != "auto":
+            if self.backend in NATIVE and find_compiler() is None:
+                _warn_once("no C compiler found (set CC or install gcc): running the reference backend instead")
+                return ReferenceExecutor(program)
+            return BACKENDS[self.backend](program)
+        for name in AUTO_ORDER:
+            if name in NATIVE and find_compiler() is None:
+                _warn_once("no C compiler found (set CC or install gcc): running the reference backend instead")
+                continue
+            try:
+                executable = BACKENDS[name](program)
+            except BackendUnavailable:
+                continue
+            self.chosen = name
+            return executable
+        raise AssertionError("the reference backend runs every program")
+
     def _needs_grad(self, args, kwargs) -> bool:
         if not torch.is_grad_enabled():
             return False
         leaves, _ = pytree.flatten((args, kwargs))
         return any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves) or \
             any(p.requires_grad for p in self.parameters)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str):
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _leaf_key(x) -> Any:

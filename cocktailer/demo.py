@@ -97,7 +97,7 @@ def main(argv=None):
         kinds = [op.op.name for op in program.walk()]
         print(f"captured {len(program.functions)} functions: {kinds.count('LOOP')} loops, {kinds.count('IF')} branches, "
               f"{kinds.count('CALL')} calls, {len(kinds)} ops in all (compile: {compile_s:.2f} s, backend "
-              f"{fast.backend!r})")
+              f"{fast.chosen!r})")
         if args.show_ir:
             print(program)
         for tree, x in zip(trees, inputs):
@@ -112,9 +112,9 @@ def main(argv=None):
               f"refined in {int(steps)} steps")
         eager_ms = median_ms(model, inputs, args.repeats)
         fast_ms = median_ms(fast, inputs, args.repeats)
-    print(f"latency per tree: eager {eager_ms:.2f} ms, cocktailer[{fast.backend}] {fast_ms:.2f} ms "
+    print(f"latency per tree: eager {eager_ms:.2f} ms, cocktailer[{fast.chosen}] {fast_ms:.2f} ms "
           f"-> speedup {eager_ms / fast_ms:.2f}x")
-    if fast.backend == "reference":
+    if fast.chosen == "reference":
         print("  (the reference backend runs the IR op by op with torch and keeps control flow in Python: it defines\n"
               "   the semantics and is not meant to be fast; native backends are the ones that beat eager)")
 

@@ -56,6 +56,25 @@ class Region:
             for r in op.regions:
                 yield from r.walk()
 
+    def regions(self) -> Iterator["Region"]:
+        """This region and every region nested in it."""
+        yield self
+        for op in self.ops:
+            for r in op.regions:
+                yield from r.regions()
+
+    def outside_reads(self) -> list[Value]:
+        """Values this region (at any depth: operands and yields) reads but does not define."""
+        defined, reads = set(), []
+        for region in self.regions():
+            defined.update(p.id for p in region.params)
+            for op in region.ops:
+                defined.update(r.id for r in op.results)
+        for region in self.regions():
+            reads += [v for op in region.ops for v in op.operands if v.id not in defined]
+            reads += [v for v in region.yields if v.id not in defined]
+        return list({v.id: v for v in reads}.values())
+
 
 @dataclass(eq=False)
 class Operation:

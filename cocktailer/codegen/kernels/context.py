@@ -1,0 +1,44 @@
+"""What a kernel renderer needs from the backend core: how to address values, who the
+worker is, how to report a run-time error, and fresh C names."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from cocktailer.ir import Value
+
+_CTYPES = {
+    torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "uint8_t",
+}
+
+
+def ctype(dtype: torch.dtype) -> str:
+    """The C element type of a tensor of `dtype` (bool is a 0/1 byte, as torch stores it)."""
+    try:
+        return _CTYPES[dtype]
+    except KeyError:
+        raise NotImplementedError(f"the C kernels do not support dtype {dtype}") from None
+
+
+def _default_fail(message: str) -> str:
+    return "{ err[0] = 1; goto ct_fail; }"
+
+
+_names = itertools.count()
+
+
+def _default_fresh(prefix: str) -> str:
+    return f"{prefix}_{next(_names)}"
+
+
+@dataclass
+class KernelContext:
+    ptr: Callable[[Value], str]        # C expression: `<ctype>*` to the value's first element (contiguous, row-major)
+    worker: str = "w"                  # C expression: this worker's index, 0 <= w < W
+    workers: str = "W"                 # C expression: number of workers
+    fail: Callable[[str], str] = field(default=_default_fail)   # C statement: record a run-time error, leave the kernel
+    fresh: Callable[[str], str] = field(default=_default_fresh)  # a unique C identifier

@@ -1,0 +1,145 @@
+"""MATMUL with torch.matmul's semantics: 1-d operands (a vector is a 1 x K row or K x 1
+column, removed from the result), batch dims broadcast, a batched A against a 2-d B folded
+into one tall GEMM.
+
+float32 takes one of three paths, chosen from the static shapes:
+- N < 16 (matrix-vector, narrow outputs): dot products, one output row per task;
+- M < 8 (GEMV-like: batch-1 linear layers, decode-step attention): `ck_sgemv<M>` streams B
+  once, workers split the columns in 16-wide panels;
+- otherwise the packed GEMM `ck_sgemm_<MR>x<NR>` (gemm.py), workers split (batch, rows,
+  column panels) so each gets whole NR-wide panels: column panels when there are enough,
+  row blocks too when not.
+Other dtypes (float64, int64, int32) run a plain vectorized loop nest.
+"""
+from __future__ import annotations
+
+import torch
+
+from cocktailer.codegen.kernels.common import block, broadcast_strides, numel, offset_expr, split
+from cocktailer.codegen.kernels.context import KernelContext, ctype
+from cocktailer.codegen.kernels.gemm import GEMV_ROWS, choose_variant
+from cocktailer.ir import Operation
+
+DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)
+
+
+def supported(op: Operation) -> bool:
+    return all(v.type.dtype == op.results[0].type.dtype for v in op.operands) and op.results[0].type.dtype in DTYPES
+
+
+def _geometry(op: Operation):
+    """(batch shape, A's and B's element strides per batch dim, M, K, N)."""
+    sa, sb = tuple(op.operands[0].type.shape), tuple(op.operands[1].type.shape)
+    a_vec, b_vec = len(sa) == 1, len(sb) == 1
+    M = 1 if a_vec else sa[-2]
+    K = sa[-1]
+    N = 1 if b_vec else sb[-1]
+    a_batch = () if a_vec else sa[:-2]
+    b_batch = () if b_vec else sb[:-2]
+    if not b_batch and a_batch:   # fold A's batch into its rows: one tall GEMM
+        return (), [], [], numel(a_batch) * M, K, N
+    batch = tuple(torch.broadcast_shapes(a_batch, b_batch))
+    sta = [s * M * K for s in broadcast_strides(a_batch, batch)]
+    stb = [s * K * N for s in broadcast_strides(b_batch, batch)]
+    return batch, sta, stb, M, K, N
+
+
+def render_matmul(op: Operation, ctx: KernelContext) -> str:
+    a, b = op.operands
+    out = op.results[0]
+    dt = out.type.dtype
+    batch, sta, stb, M, K, N = _geometry(op)
+    nb = numel(batch)
+    if nb * M * N == 0:
+        return ""
+    T = ctype(dt)
+    head = [f"const {T}* k_a = {ctx.ptr(a)};", f"const {T}* k_b = {ctx.ptr(b)};", f"{T}* k_c = {ctx.ptr(out)};"]
+    a_off = offset_expr("k_bi", batch, sta) if batch else "0"
+    b_off = offset_expr("k_bi", batch, stb) if batch else "0"
+    if K == 0:
+        return block(*head, split(ctx, nb * M * N, 16), "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_c[k_i] = 0;")
+    if dt is not torch.float32:
+        return block(*head, *_generic(dt, nb, M, K, N, a_off, b_off, ctx))
+    if N < 16:
+        return block(*head, *narrow(nb, M, K, N, a_off, b_off, ctx))
+    if M <= GEMV_ROWS:
+        return block(*head, *_gemv(nb, M, K, N, a_off, b_off, ctx))
+    return block(*head, *_gemm(nb, M, K, N, a_off, b_off, ctx))
+
+
+def _rows(nb: int, M: int, ctx: KernelContext) -> list[str]:
+    """Loop header over this worker's output rows (k_bi: batch item, k_m: row)."""
+    return [split(ctx, nb * M, 1),
+            "for (int64_t k_row = k_lo; k_row < k_hi; ++k_row) {",
+            f"const int64_t k_bi = k_row / {M}, k_m = k_row - k_bi * {M};"]
+
+
+def narrow(nb, M, K, N, a_off, b_off, ctx, bias: str | None = None) -> list[str]:
+    """C[bi][m, :N] (+ bias[m]) for N < 16: one output row per task, dot products over K."""
+    init = "k_bias[k_m]" if bias else "0"
+    lines = _rows(nb, M, ctx) + [
+        f"const float* k_pa = k_a + {a_off} + k_m * {K}; const float* k_pb = k_b + {b_off};",
+        f"float* k_pc = k_c + k_row * {N};"]
+    if N == 1:
+        lines += ["float k_s = 0;", "#pragma omp simd reduction(+:k_s)",
+                  f"for (int64_t k_k = 0; k_k < {K}; ++k_k) k_s += k_pa[k_k] * k_pb[k_k];", f"k_pc[0] = k_s + {init};"]
+    else:
+        lines += [f"float k_s[{N}] = {{0}};",
+                  f"for (int64_t k_k = 0; k_k < {K}; ++k_k) {{ const float k_v = k_pa[k_k];",
+                  f"for (int k_n = 0; k_n < {N}; ++k_n) k_s[k_n] += k_v * k_pb[k_k * {N} + k_n]; }}",
+                  f"for (int k_n = 0; k_n < {N}; ++k_n) k_pc[k_n] = k_s[k_n] + {init};"]
+    return lines + ["}"]
+
+
+def _gemv(nb, M, K, N, a_off, b_off, ctx) -> list[str]:
+    np_ = -(-N // 16)
+    return [split(ctx, nb * np_, 1),
+            "for (int64_t k_u = k_lo; k_u < k_hi; ) {",
+            f"const int64_t k_bi = k_u / {np_}, k_p0 = k_u - k_bi * {np_}, k_p1 = CK_MIN({np_}, k_p0 + (k_hi - k_u));",
+            f"const int64_t k_n0 = k_p0 * 16, k_n1 = CK_MIN({N}, k_p1 * 16);",
+            f"ck_sgemv{M}({K}, k_a + {a_off}, {K}, k_b + {b_off} + k_n0, {N}, k_c + k_bi * {M * N} + k_n0, {N}, k_n1 - k_n0);",
+            "k_u += k_p1 - k_p0;",
+            "}"]
+
+
+def gemm_tiles(nb: int, M: int, N: int, mr: int, nr: int, ctx: KernelContext, call: str) -> list[str]:
+    """Split (batch item, row block, NR-wide column panel) units over the workers and run
+    `call` once per contiguous run of panels; `call` sees k_bi, k_m0, k_m1, k_n0, k_n1."""
+    np_, mb = -(-N // nr), -(-M // mr)
+    return [f"int64_t k_rc = 1;",
+            f"if ({nb * np_} < {ctx.workers}) k_rc = CK_MIN({mb}, ({ctx.workers} + {nb * np_ - 1}) / {nb * np_});",
+            f"const int64_t k_units = {nb * np_} * k_rc;",
+            f"const int64_t k_lo = k_units * {ctx.worker} / {ctx.workers}, k_hi = k_units * ({ctx.worker} + 1) / {ctx.workers};",
+            "for (int64_t k_u = k_lo; k_u < k_hi; ) {",
+            f"const int64_t k_bi = k_u / (k_rc * {np_}), k_rem = k_u - k_bi * k_rc * {np_};",
+            f"const int64_t k_ri = k_rem / {np_}, k_p0 = k_rem - k_ri * {np_}, k_p1 = CK_MIN({np_}, k_p0 + (k_hi - k_u));",
+            f"const int64_t k_m0 = {mb} * k_ri / k_rc * {mr}, k_m1 = CK_MIN({M}, {mb} * (k_ri + 1) / k_rc * {mr});",
+            f"const int64_t k_n0 = k_p0 * {nr}, k_n1 = CK_MIN({N}, k_p1 * {nr});",
+            "if (k_m0 < k_m1) {", call, "}",
+            "k_u += k_p1 - k_p0;",
+            "}"]
+
+
+def _gemm(nb, M, K, N, a_off, b_off, ctx) -> list[str]:
+    mr, nr = choose_variant(M, N)
+    call = (f"const ck_mat k_bm = {{ k_b + {b_off}, {N} }};\n"
+            f"ck_sgemm_{mr}x{nr}(k_m1 - k_m0, k_n1 - k_n0, {K}, k_a + {a_off} + k_m0 * {K}, {K}, ck_packb_mat_{nr}, &k_bm, "
+            f"k_n0, k_c + k_bi * {M * N} + k_m0 * {N} + k_n0, {N}, 0);")
+    return gemm_tiles(nb, M, N, mr, nr, ctx, call)
+
+
+def _generic(dt, nb, M, K, N, a_off, b_off, ctx) -> list[str]:
+    T = ctype(dt)
+    if dt in (torch.int64, torch.int32):   # wrap on overflow like torch, not undefined behaviour
+        u = "uint64_t" if dt is torch.int64 else "uint32_t"
+        upd = f"k_pc[k_n] = ({T})(({u})k_pc[k_n] + ({u})k_v * ({u})k_pb[k_k * {N} + k_n]);"
+    else:
+        upd = f"k_pc[k_n] += k_v * k_pb[k_k * {N} + k_n];"
+    return _rows(nb, M, ctx) + [
+        f"const {T}* k_pa = k_a + {a_off} + k_m * {K}; const {T}* k_pb = k_b + {b_off};",
+        f"{T}* k_pc = k_c + k_row * {N};",
+        f"for (int64_t k_n = 0; k_n < {N}; ++k_n) k_pc[k_n] = 0;",
+        f"for (int64_t k_k = 0; k_k < {K}; ++k_k) {{ const {T} k_v = k_pa[k_k];",
+        "#pragma omp simd",
+        f"for (int64_t k_n = 0; k_n < {N}; ++k_n) {upd} }}",
+        "}"]

@@ -1,0 +1,263 @@
+"""Reductions (SUM MEAN PROD AMAX AMIN ANY ALL over dims, ARGMAX/ARGMIN over one dim or all)
+and SOFTMAX/LOG_SOFTMAX.
+
+The input's dims are grouped into runs of kept and reduced dims (size-1 dims dropped). When
+the innermost run is reduced, each output element reduces contiguous rows with a
+`#pragma omp simd` reduction ("row" pattern); when it is kept, a chunk of up to 64
+neighbouring outputs is accumulated as a vector over the reduced indices ("column" pattern).
+Workers split the outputs. NaN propagates through AMAX/AMIN (and ARGMAX/ARGMIN pick the
+first NaN) as in torch.
+"""
+from __future__ import annotations
+
+import torch
+
+from cocktailer.codegen.kernels.common import block, convert, grain, is_float, lit, numel, split, strides_of
+from cocktailer.codegen.kernels.context import KernelContext, ctype
+from cocktailer.ir import Op, Operation
+
+CHUNK = 64   # outputs accumulated together in the column pattern
+
+
+def _groups(shape, reduced: set[int]) -> list[tuple[int, bool, int]]:
+    """(size, is_reduced, stride) runs of a contiguous tensor's dims."""
+    st = strides_of(shape)
+    out: list[list] = []
+    for d, size in enumerate(shape):
+        if size == 1:
+            continue
+        r = d in reduced
+        if out and out[-1][1] == r:
+            out[-1][0] *= size
+            out[-1][2] = st[d]
+        else:
+            out.append([size, r, st[d]])
+    return [tuple(g) for g in out]
+
+
+def _reduced_dims(op: Operation) -> set[int]:
+    rank = len(op.operands[0].type.shape)
+    dims = op.attrs.get("dims", op.attrs.get("dim"))
+    if dims is None or (isinstance(dims, (tuple, list)) and len(dims) == 0):
+        return set(range(rank))
+    if isinstance(dims, int):
+        dims = (dims,)
+    return {d % max(rank, 1) for d in dims} & set(range(rank))
+
+
+def _offset(index: str, groups: list[tuple[int, bool, int]]) -> str:
+    """Input offset of flat index `index` over the given (size, _, stride) groups."""
+    terms, after = [], 1
+    for i in range(len(groups) - 1, -1, -1):
+        size, _, stride = groups[i]
+        idx = index if after == 1 else f"({index} / {after})"
+        if i > 0:
+            idx = f"({idx} % {size})"
+        terms.append(f"{idx} * {stride}")
+        after *= size
+    return " + ".join(reversed(terms)) if terms else "0"
+
+
+def _nested(groups: list[tuple[int, bool, int]], body: list[str], off: str) -> list[str]:
+    """Loops over the given groups; inside them `k_o<depth>` holds `off` plus their offset."""
+    lines, cur = [], off
+    for i, (size, _, stride) in enumerate(groups):
+        lines.append(f"for (int64_t k_t{i} = 0; k_t{i} < {size}; ++k_t{i}) {{")
+        lines.append(f"const int64_t k_o{i} = {cur} + k_t{i} * {stride};")
+        cur = f"k_o{i}"
+    lines.append(f"const int64_t k_off = {cur};")
+    return lines + body + ["}"] * len(groups)
+
+
+# -- SUM MEAN PROD AMAX AMIN ANY ALL -----------------------------------------------------------
+
+def _spec(kind: Op, src: torch.dtype, dst: torch.dtype):
+    """(accumulator C type, init, update(acc, v) statement, omp reduction clause, final(acc) expr)
+    where v is the element converted to the accumulator's type."""
+    if kind in (Op.SUM, Op.MEAN, Op.PROD):
+        acc_t = ctype(dst) if is_float(dst) else "uint64_t"
+        o = "+" if kind is not Op.PROD else "*"
+        init = "0" if kind is not Op.PROD else "1"
+        return acc_t, init, f"{{a}} {o}= {{v}};", f"reduction({o}:{{a}})", None
+    if kind in (Op.ANY, Op.ALL):
+        o = "|" if kind is Op.ANY else "&"
+        return "uint8_t", "0" if kind is Op.ANY else "1", f"{{a}} {o}= (uint8_t)({{v}});", f"reduction({o}:{{a}})", None
+    # AMAX / AMIN: NaN is tracked apart so the comparison vectorizes as a plain max/min
+    cmp = ">" if kind is Op.AMAX else "<"
+    mm = "max" if kind is Op.AMAX else "min"
+    if is_float(src):
+        inf = "INFINITY" if src is torch.float32 else "((double)INFINITY)"
+        init = f"-{inf}" if kind is Op.AMAX else inf
+        return ctype(src), init, f"{{a}} = {{v}} {cmp} {{a}} ? {{v}} : {{a}};", f"reduction({mm}:{{a}})", "nan"
+    info = torch.iinfo(src) if src is not torch.bool else None
+    lo, hi = (0, 1) if info is None else (info.min, info.max)
+    init = lit(lo if kind is Op.AMAX else hi, src if src is not torch.bool else torch.uint8)
+    return ctype(src), init, f"{{a}} = {{v}} {cmp} {{a}} ? {{v}} : {{a}};", f"reduction({mm}:{{a}})", None
+
+
+def _element(kind: Op, v: str, src: torch.dtype, acc_t: str, dst: torch.dtype) -> str:
+    if kind in (Op.ANY, Op.ALL):
+        return f"({v} != 0)"
+    if kind in (Op.AMAX, Op.AMIN):
+        return v
+    if acc_t == "uint64_t":
+        return f"(uint64_t)(int64_t)({v})"
+    return convert(v, src, dst)
+
+
+def _finish(kind: Op, acc: str, count: int, dst: torch.dtype, nan: str | None) -> str:
+    if kind is Op.MEAN:
+        return f"{acc} / ({ctype(dst)}){count}"
+    if nan:
+        return f"({nan} ? {lit(float('nan'), dst)} : {acc})"
+    return f"({ctype(dst)}){acc}"
+
+
+def render_reduce(op: Operation, ctx: KernelContext) -> str:
+    x, out = op.operands[0], op.results[0]
+    src, dst, kind = x.type.dtype, out.type.dtype, op.op
+    n_out = numel(out.type.shape)
+    if n_out == 0:
+        return ""
+    acc_t, init, update, clause, nan = _spec(kind, src, dst)
+    groups = _groups(x.type.shape, _reduced_dims(op)) or [(1, False, 1)]
+    count = numel([g[0] for g in groups if g[1]]) if numel(x.type.shape) else 0
+    head = [f"const {ctype(src)}* k_x = {ctx.ptr(x)};", f"{ctype(dst)}* k_y = {ctx.ptr(out)};"]
+    if count == 0 or numel(x.type.shape) == 0:   # empty reduction: the identity (MEAN: nan)
+        value = lit(float("nan"), dst) if kind is Op.MEAN else f"({ctype(dst)}){init}"
+        return block(*head, split(ctx, n_out, grain(dst)),
+                     f"for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_y[k_i] = {value};")
+    kept = [g for g in groups if not g[1]]
+    v = _element(kind, "k_p[k_j]", src, acc_t, dst)
+    if groups and groups[-1][1]:   # row pattern
+        inner = groups[-1][0]
+        outer_red = [g for g in groups[:-1] if g[1]]
+        nan_decl = "int k_nan = 0;" if nan else ""
+        nan_upd = " k_nan |= k_p[k_j] != k_p[k_j];" if nan else ""
+        nan_clause = " reduction(|:k_nan)" if nan else ""
+        body = [f"const {ctype(src)}* k_p = k_x + k_off;",
+                f"#pragma omp simd {clause.format(a='k_acc')}{nan_clause}",
+                f"for (int64_t k_j = 0; k_j < {inner}; ++k_j) {{ {update.format(a='k_acc', v=v)}{nan_upd} }}"]
+        lines = [*head, split(ctx, n_out, grain(dst)),
+                 "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) {",
+                 f"{acc_t} k_acc = {init}; {nan_decl}",
+                 *_nested(outer_red, body, _offset("k_i", kept)),
+                 f"k_y[k_i] = {_finish(kind, 'k_acc', count, dst, 'k_nan' if nan else None)};",
+                 "}"]
+        return block(*lines)
+    # column pattern: the innermost run is kept
+    inner = groups[-1][0]
+    ch = min(inner, CHUNK)
+    nch = -(-inner // ch)
+    outer_kept = kept[:-1]
+    reds = [g for g in groups if g[1]]
+    n_tasks = numel([g[0] for g in outer_kept]) * nch
+    nan_decl = f"uint8_t k_nan[{ch}] = {{0}};" if nan else ""
+    nan_upd = " k_nan[k_j] |= k_p[k_j] != k_p[k_j];" if nan else ""
+    body = [f"const {ctype(src)}* k_p = k_x + k_off + k_j0;",
+            "#pragma omp simd",
+            f"for (int64_t k_j = 0; k_j < k_n; ++k_j) {{ {update.format(a='k_acc[k_j]', v=v)}{nan_upd} }}"]
+    fin = _finish(kind, "k_acc[k_j]", count, dst, "k_nan[k_j]" if nan else None)
+    lines = [*head, split(ctx, n_tasks, 1),
+             "for (int64_t k_task = k_lo; k_task < k_hi; ++k_task) {",
+             f"const int64_t k_r = k_task / {nch}, k_j0 = (k_task - k_r * {nch}) * {ch};",
+             f"const int64_t k_n = CK_MIN({ch}, {inner} - k_j0);",
+             f"{acc_t} k_acc[{ch}]; {nan_decl}",
+             f"for (int64_t k_j = 0; k_j < {ch}; ++k_j) k_acc[k_j] = {init};",
+             *_nested(reds, body, _offset("k_r", outer_kept)),
+             f"{ctype(dst)}* k_q = k_y + k_r * {inner} + k_j0;",
+             f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_q[k_j] = {fin};",
+             "}"]
+    return block(*lines)
+
+
+# -- ARGMAX / ARGMIN ---------------------------------------------------------------------------
+
+def _outer_d_inner(shape, dim: int | None) -> tuple[int, int, int]:
+    if dim is None:
+        return 1, numel(shape), 1
+    dim %= max(len(shape), 1)
+    if not shape:
+        return 1, 1, 1
+    return numel(shape[:dim]), shape[dim], numel(shape[dim + 1:])
+
+
+def render_argreduce(op: Operation, ctx: KernelContext) -> str:
+    """First index of the max (min); a NaN counts as larger (smaller) than everything."""
+    x, out = op.operands[0], op.results[0]
+    src = x.type.dtype
+    outer, d, inner = _outer_d_inner(x.type.shape, op.attrs.get("dim"))
+    n_out = outer * inner
+    if n_out == 0:
+        return ""
+    cmp = ">" if op.op is Op.ARGMAX else "<"
+    better = f"(k_v {cmp} k_b || (k_v != k_v && k_b == k_b))" if is_float(src) else f"(k_v {cmp} k_b)"
+    head = [f"const {ctype(src)}* k_x = {ctx.ptr(x)};", f"int64_t* k_y = {ctx.ptr(out)};"]
+    return block(*head, split(ctx, n_out, grain(torch.int64)),
+                 "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) {",
+                 f"const int64_t k_r = k_i / {inner}, k_c = k_i - k_r * {inner};",
+                 f"const {ctype(src)}* k_p = k_x + k_r * {d * inner} + k_c;",
+                 f"{ctype(src)} k_b = k_p[0]; int64_t k_at = 0;",
+                 f"for (int64_t k_j = 1; k_j < {d}; ++k_j) {{",
+                 f"const {ctype(src)} k_v = k_p[k_j * {inner}];",
+                 f"if {better} {{ k_b = k_v; k_at = k_j; }}",
+                 "}",
+                 "k_y[k_i] = k_at;",
+                 "}")
+
+
+# -- SOFTMAX / LOG_SOFTMAX -----------------------------------------------------------------------
+
+def render_softmax(op: Operation, ctx: KernelContext) -> str:
+    """exp(x - max) / sum (LOG: x - max - log(sum)); one row (or chunk of columns) per task."""
+    x, out = op.operands[0], op.results[0]
+    dt = out.type.dtype
+    outer, d, inner = _outer_d_inner(x.type.shape, op.attrs["dim"])
+    if outer * d * inner == 0:
+        return ""
+    f32 = dt is torch.float32
+    T = ctype(dt)
+    exp, log = ("ck_expf", "logf") if f32 else ("exp", "log")
+    one, ninf = ("1.0f", "-INFINITY") if f32 else ("1.0", "-(double)INFINITY")
+    log_sm = op.op is Op.LOG_SOFTMAX
+    head = [f"const {T}* k_x = {ctx.ptr(x)};", f"{T}* k_y = {ctx.ptr(out)};"]
+    if inner == 1:
+        tail = ([f"const {T} k_ls = {log}(k_s);", "#pragma omp simd",
+                 f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_q[k_j] = k_p[k_j] - k_m - k_ls;"] if log_sm else
+                [f"const {T} k_inv = {one} / k_s;", "#pragma omp simd",
+                 f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_q[k_j] *= k_inv;"])
+        store = "" if log_sm else "k_q[k_j] = k_e; "
+        return block(*head, split(ctx, outer, 1),
+                     "for (int64_t k_r = k_lo; k_r < k_hi; ++k_r) {",
+                     f"const {T}* k_p = k_x + k_r * {d}; {T}* k_q = k_y + k_r * {d};",
+                     f"{T} k_m = {ninf}, k_s = 0;",
+                     "#pragma omp simd reduction(max:k_m)",
+                     f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_m = k_p[k_j] > k_m ? k_p[k_j] : k_m;",
+                     "#pragma omp simd reduction(+:k_s)",
+                     f"for (int64_t k_j = 0; k_j < {d}; ++k_j) {{ const {T} k_e = {exp}(k_p[k_j] - k_m); {store}k_s += k_e; }}",
+                     *tail, "}")
+    ch = min(inner, CHUNK)
+    nch = -(-inner // ch)
+    loop_d = f"for (int64_t k_t = 0; k_t < {d}; ++k_t)"
+    at = f"k_t * {inner} + k_j"
+    if log_sm:
+        last = [f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_s[k_j] = k_m[k_j] + {log}(k_s[k_j]);",
+                loop_d + " {", "#pragma omp simd", f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_q[{at}] = k_p[{at}] - k_s[k_j];", "}"]
+        store = ""
+    else:
+        last = [f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_s[k_j] = {one} / k_s[k_j];",
+                loop_d + " {", "#pragma omp simd", f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_q[{at}] *= k_s[k_j];", "}"]
+        store = f"k_q[{at}] = k_e; "
+    return block(*head, split(ctx, outer * nch, 1),
+                 "for (int64_t k_task = k_lo; k_task < k_hi; ++k_task) {",
+                 f"const int64_t k_r = k_task / {nch}, k_j0 = (k_task - k_r * {nch}) * {ch};",
+                 f"const int64_t k_n = CK_MIN({ch}, {inner} - k_j0);",
+                 f"const {T}* k_p = k_x + k_r * {d * inner} + k_j0; {T}* k_q = k_y + k_r * {d * inner} + k_j0;",
+                 f"{T} k_m[{ch}], k_s[{ch}];",
+                 f"for (int64_t k_j = 0; k_j < {ch}; ++k_j) {{ k_m[k_j] = {ninf}; k_s[k_j] = 0; }}",
+                 loop_d + " {", "#pragma omp simd",
+                 f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_m[k_j] = k_p[{at}] > k_m[k_j] ? k_p[{at}] : k_m[k_j];", "}",
+                 loop_d + " {", "#pragma omp simd",
+                 f"for (int64_t k_j = 0; k_j < k_n; ++k_j) {{ const {T} k_e = {exp}(k_p[{at}] - k_m[k_j]); {store}k_s[k_j] += k_e; }}",
+                 "}",
+                 *last, "}")

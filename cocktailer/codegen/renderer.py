@@ -1,0 +1,257 @@
+"""uProgram -> C source: the whole program, control flow included, as one native function.
+
+All L1 units (workers) enter one parallel region and each runs its own copy of the control
+flow: loops are C loops, branches read the device-computed condition after a barrier,
+and recursion runs on an explicit stack of frames (the frame's tensors + a per-worker
+resume label), entered with `goto` and left through a `switch` on the resume label, so it
+needs no native recursion and its depth is checked. Data ops are rendered by the kernel
+library (`codegen.kernels`), each worker computing its share. A `Dialect` holds everything
+target-specific (the CPU one is OpenMP); the CUDA one is a configuration of the same renderer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cocktailer.codegen.kernels import KERNELS, PRELUDE, KernelContext, ctype
+from cocktailer.ir import Op, Operation, Program, Region, Value
+from cocktailer.schedule.memory import MemoryPlan
+from cocktailer.schedule.utask import Barrier, Block, BranchUTask, LoopUTask, UOperator, UProgram, UTaskRef
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    headers: tuple[str, ...]
+    function_prefix: str            # qualifiers of the entry point
+    parallel_begin: str             # opens the region every worker runs; `nw` is the worker count
+    worker_ids: str                 # declares w (this worker) and W (workers)
+    barrier: str
+    atomic_store: str               # stores `{dst} = {value}` visibly to all workers
+
+
+CPU = Dialect(
+    name="c-openmp",
+    headers=("stdint.h", "string.h", "math.h", "omp.h"),
+    function_prefix="",
+    parallel_begin="#pragma omp parallel num_threads(nw)",
+    worker_ids="const int w = omp_get_thread_num(); const int W = omp_get_num_threads();",
+    barrier="#pragma omp barrier",
+    atomic_store="{{\n#pragma omp atomic write\n{dst} = {value};\n}}",
+)
+
+_CORE_PRELUDE = r"""
+/* every worker copies its share of n bytes */
+static inline void ct_copy(char* restrict dst, const char* restrict src, int64_t n, int w, int W) {
+  if (dst == src) return;
+  if (n < 4096) { if (w == 0) memcpy(dst, src, (size_t)n); return; }
+  int64_t chunk = (n + W - 1) / W, begin = chunk * w, end = begin + chunk < n ? begin + chunk : n;
+  if (begin < end) memcpy(dst + begin, src + begin, (size_t)(end - begin));
+}
+"""
+
+
+@dataclass
+class Rendered:
+    source: str
+    errors: list[str]               # runtime error messages; err[0] == i + 1 means errors[i]
+    plan: MemoryPlan
+    entry: str = "cocktailer_run"   # the C function to call
+
+
+@dataclass
+class _Frame:
+    """How C code addresses the values of the function being rendered."""
+    base: str   # "arena" or "fp"
+
+
+class Renderer:
+    def __init__(self, uprogram: UProgram, plan: MemoryPlan, dialect: Dialect = CPU, entry: str = "cocktailer_run"):
+        self.entry = entry
+        self.up = uprogram
+        self.program: Program = uprogram.program
+        self.plan = plan
+        self.d = dialect
+        self.lines: list[str] = []
+        self.errors: list[str] = []
+        self.names = 0
+        self.sites: dict[str, list[int]] = {}   # callee -> call-site ids
+        self.frame = _Frame("arena")
+
+    # -- addressing -------------------------------------------------------------------
+    def ptr(self, v: Value, base: str | None = None) -> str:
+        buf = self.plan.of(v)
+        ty = ctype(v.type.dtype)
+        if buf.space == "input":
+            return f"(({ty}*)in[{buf.offset}])"
+        if buf.space == "const":
+            return f"(({ty}*)cst[{buf.offset}])"
+        if buf.space == "local":
+            return f"(&CT_L[{buf.offset}])"
+        return f"(({ty}*)({base or self._base(buf.space)} + {buf.offset}))"
+
+    def _base(self, space: str) -> str:
+        return "arena" if space == "arena" else "fp"
+
+    def byte_ptr(self, v: Value, base: str | None = None) -> str:
+        return f"((char*){self.ptr(v, base)})"
+
+    def fresh(self, prefix: str) -> str:
+        self.names += 1
+        return f"{prefix}_{self.names}"
+
+    def fail(self, message: str) -> str:
+        self.errors.append(message)
+        store = self.d.atomic_store.format(dst="err[0]", value=len(self.errors))
+        return f"{{ {store} goto ct_fail; }}"
+
+    def emit(self, line: str = ""):
+        self.lines.append(line)
+
+    # -- items ------------------------------------------------------------------------
+    def block(self, block: Block):
+        for item in block.items:
+            if isinstance(item, UOperator):
+                self.operator(item)
+            elif isinstance(item, Barrier):
+                self.emit(self.d.barrier)
+            elif isinstance(item, BranchUTask):
+                self.branch(item)
+            elif isinstance(item, LoopUTask):
+                self.loop(item)
+            elif isinstance(item, UTaskRef):
+                self.call(item)
+
+    def operator(self, item: UOperator):
+        op = item.op
+        if op.op is Op.CONST:
+            return   # bound zero-copy: the constant table holds its pointer
+        ctx = KernelContext(ptr=self.ptr, worker="w", workers="W", fail=self.fail, fresh=self.fresh)
+        loc = f" /* {op.loc} */" if op.loc else ""
+        self.emit(f"{{ /* {op.op.name.lower()} %{op.results[0].id} */{loc}")
+        self.emit(KERNELS[op.op](op, ctx))
+        self.emit("}")
+
+    def copies(self, pairs: list[tuple[str, str, int]]):
+        """Copy (dst, src, nbytes) triples, each worker its share, then a barrier."""
+        for dst, src, n in pairs:
+            if n:
+                self.emit(f"ct_copy({dst}, {src}, {n}, w, W);")
+        self.emit(self.d.barrier)
+
+    def moves(self, sources: list[Value], targets: list[Value], base_src=None, base_dst=None) -> list[tuple]:
+        return [(self.byte_ptr(t, base_dst), self.byte_ptr(s, base_src), t.type.numel * t.type.dtype.itemsize)
+                for s, t in zip(sources, targets) if self.plan.of(s) != self.plan.of(t) or base_src != base_dst]
+
+    def branch(self, item: BranchUTask):
+        op = item.op
+        self.emit(f"if (*(const uint8_t*){self.ptr(op.operands[0])}) {{")
+        self.block(item.then)
+        self.emit(self.d.barrier)
+        self.copies(self.moves(op.regions[0].yields, op.results))
+        self.emit("} else {")
+        self.block(item.orelse)
+        self.emit(self.d.barrier)
+        self.copies(self.moves(op.regions[1].yields, op.results))
+        self.emit("}")
+
+    def loop(self, item: LoopUTask):
+        op = item.op
+        i, trip = self.plan.loop_slots[id(op)]
+        body = op.loop_body
+        carried = body.params[1:]
+        self.copies(self.moves(op.loop_inits, carried))
+        has_trip = op.loop_trip is not None
+        self.emit(f"CT_L[{trip}] = {f'*{self.ptr(op.loop_trip)}' if has_trip else '0'};")
+        bound = f"CT_L[{i}] < CT_L[{trip}]" if has_trip else "1"
+        self.emit(f"for (CT_L[{i}] = 0; {bound}; CT_L[{i}]++) {{")
+        if item.cond is not None:
+            self.block(item.cond)
+            self.emit(self.d.barrier)
+            self.emit(f"if (!*(const uint8_t*){self.ptr(op.loop_cond.yields[0])}) break;")
+        self.block(item.body)
+        self.emit(self.d.barrier)
+        self.carry(body.yields, carried, op.results)
+        self.emit("}")
+        self.copies(self.moves(carried, op.results))
+
+    def carry(self, yields: list[Value], carried: list[Value], staging: list[Value]):
+        """Yields become the next iteration's carried values. If a yield is another carried
+        value (`a, b = b, a`), go through the loop's result buffers so nothing is overwritten early."""
+        carried_ids = {v.id for v in carried}
+        if any(y.id in carried_ids and y.id != c.id for y, c in zip(yields, carried)):
+            self.copies(self.moves(yields, staging))
+            self.copies(self.moves(staging, carried))
+        else:
+            self.copies(self.moves(yields, carried))
+
+    def call(self, item: UTaskRef):
+        op = item.op
+        callee = self.program.functions[item.callee]
+        site = sum(len(s) for s in self.sites.values())
+        self.sites.setdefault(item.callee, []).append(site)
+        self.emit(f"if (sp + 1 >= max_depth) {self.fail('recursion deeper than the compiled maximum depth')}")
+        self.emit("{ char* nfp = stack + (sp + 1) * FRAME;")
+        self.copies(self.moves(op.operands, callee.params, base_dst="nfp"))
+        self.emit("}")
+        self.emit(f"sp++; fp = stack + sp * FRAME; R[sp] = {site}; goto fn_{item.callee};")
+        self.emit(f"site_{site}: ;")
+        self.emit("{ char* cfp = stack + (sp + 1) * FRAME;")
+        self.copies(self.moves(callee.body.yields, op.results, base_src="cfp"))
+        self.emit("}")
+
+    def _resume(self, name: str) -> str:
+        cases = " ".join(f"case {s}: goto site_{s};" for s in self.sites.get(name, []))
+        return f"switch (R[sp + 1]) {{ {cases} default: goto ct_fail; }}"
+
+    def function(self, name: str):
+        fn = self.program.functions[name]
+        self.emit(f"fn_{name}: ;")
+        self.block(self.up.functions[name])
+        self.emit(self.d.barrier)
+        self.emit("sp--; fp = sp >= 0 ? stack + sp * FRAME : arena;")
+        self.emit(f"@@resume {name}@@")   # filled in by render(): call sites of later functions are not known yet
+
+    # -- the whole program ------------------------------------------------------------------
+    def render(self) -> Rendered:
+        """The entry function alone (no headers or preludes; see `assemble`)."""
+        plan, d = self.plan, self.d
+        main = self.program.main
+        self.emit(f"{d.function_prefix}int64_t {self.entry}(void** in, void** out, void** cst, char* arena, "
+                  "char* stack, int64_t max_depth, int64_t* locals, int64_t* rets, int64_t* err, int nw) {")
+        self.emit(f"  enum {{ FRAME = {max(plan.frame_bytes, 64)}, NLOC = {plan.locals_per_frame} }};")
+        self.emit("  err[0] = 0;")
+        self.emit(f"  {d.parallel_begin}")
+        self.emit("  {")
+        self.emit(f"  {d.worker_ids}")
+        self.emit("  int64_t sp = -1; char* fp = arena;")
+        self.emit("  int64_t* R = rets + (int64_t)w * (max_depth + 1) + 1;   /* resume labels, per worker */")
+        self.emit("  int64_t* L0 = locals + (int64_t)w * (max_depth + 1) * NLOC;")
+        self.emit("  #define CT_L (L0 + (sp + 1) * NLOC)   /* this frame's loop counters */")
+        self.block(self.up.functions[self.program.entry])
+        self.emit(d.barrier)
+        outs = [(f"((char*)out[{k}])", self.byte_ptr(v), v.type.numel * v.type.dtype.itemsize)
+                for k, v in enumerate(main.body.yields)]
+        self.copies(outs)
+        self.emit("goto ct_end;")
+        for name in self.program.functions:
+            if name != self.program.entry:
+                self.function(name)
+        self.lines = [self._resume(line[len("@@resume "):-2]) if line.startswith("@@resume ") else line
+                      for line in self.lines]
+        self.emit("ct_fail: ;")
+        self.emit("ct_end: ;")
+        self.emit("  #undef CT_L")
+        self.emit("  }")
+        self.emit("  return err[0];")
+        self.emit("}")
+        return Rendered("\n".join(self.lines) + "\n", self.errors, plan, self.entry)
+
+
+def assemble(functions: list[Rendered], dialect: Dialect = CPU) -> str:
+    """One C source: headers, preludes, then the entry functions."""
+    head = "\n".join(f"#include <{h}>" for h in dialect.headers)
+    return "\n".join([head, _CORE_PRELUDE, PRELUDE, *(f.source for f in functions)])
+
+
+def render(uprogram: UProgram, plan: MemoryPlan, dialect: Dialect = CPU, entry: str = "cocktailer_run") -> Rendered:
+    return Renderer(uprogram, plan, dialect, entry).render()

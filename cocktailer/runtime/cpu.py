@@ -1,0 +1,37 @@
+"""The "cpu" backend: IR Program -> uProgram -> C/OpenMP -> shared library -> callable."""
+from __future__ import annotations
+
+from cocktailer.codegen import kernels
+from cocktailer.codegen.renderer import CPU, assemble, render
+from cocktailer.errors import CocktailerError
+from cocktailer.ir import Op, Program
+from cocktailer.runtime.compiler import compile_shared_library
+from cocktailer.runtime.native import CompiledProgram
+from cocktailer.schedule import Device, SimplePolicy
+from cocktailer.schedule.memory import plan_memory
+
+DEFAULT_MAX_DEPTH = 256
+
+
+class BackendUnavailable(CocktailerError):
+    """This backend cannot run this program (the reason says why); another backend can."""
+
+
+def unsupported_ops(program: Program) -> list[str]:
+    return sorted({f"{op.op.name.lower()} ({', '.join(str(v.type) for v in op.operands + op.results)})"
+                   for op in program.walk() if op.op not in (Op.IF, Op.LOOP, Op.CALL, Op.CONST)
+                   and not kernels.supported(op)})
+
+
+def cpu_backend(program: Program, workers: int | None = None, max_depth: int = DEFAULT_MAX_DEPTH) -> CompiledProgram:
+    if program.device.type != "cpu":
+        raise BackendUnavailable(f"the cpu backend runs CPU tensors; these are on {program.device}")
+    missing = unsupported_ops(program)
+    if missing:
+        raise BackendUnavailable(f"no native kernel for: {'; '.join(missing)}")
+    device = Device.cpu(workers)
+    plan = plan_memory(program)
+    uprogram = SimplePolicy(device, can_run_natively=kernels.supported).schedule(program, plan, "L1")
+    rendered = render(uprogram, plan, CPU)
+    library = compile_shared_library(assemble([rendered]))
+    return CompiledProgram(program, rendered, str(library), device.workers, max_depth)

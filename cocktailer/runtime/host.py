@@ -1,0 +1,99 @@
+"""The "host" backend, the paper's CocktailerBase: control flow stays in Python (as in the
+reference executor) and each basic block — a maximal run of data ops between control-flow
+ops — is one native call. Benchmarks compare it with control flow at L1 to show what
+moving control flow into the native program buys."""
+from __future__ import annotations
+
+from cocktailer.codegen.renderer import CPU, assemble, render
+from cocktailer.ir import Function, Op, Operation, Program, Region, Value
+from cocktailer.reference.executor import ReferenceExecutor
+from cocktailer.runtime.compiler import compile_shared_library
+from cocktailer.runtime.cpu import BackendUnavailable, unsupported_ops
+from cocktailer.runtime.native import CompiledProgram
+from cocktailer.schedule import Device, SimplePolicy
+from cocktailer.schedule.memory import plan_memory
+from cocktailer.codegen import kernels
+
+
+class _Block:
+    def __init__(self, ops: list[Operation], inputs: list[Value], outputs: list[Value]):
+        self.ops, self.inputs, self.outputs = ops, inputs, outputs
+        self.compiled: CompiledProgram | None = None
+
+
+def _uses_outside(fn: Function) -> dict[int, set[int]]:
+    """value id -> ids of the operations that read it (a read inside an op's regions counts
+    as the op's); -1 for a function or region yield."""
+    users: dict[int, set[int]] = {}
+    for region in fn.body.regions():
+        for op in region.ops:
+            for v in list(op.operands) + [v for r in op.regions for v in r.outside_reads()]:
+                users.setdefault(v.id, set()).add(id(op))
+        for v in region.yields:
+            users.setdefault(v.id, set()).add(-1)
+    return users
+
+
+def _segments(region: Region, users: dict[int, set[int]]) -> list:
+    """The region's ops as control-flow ops, constants (run by Python) and blocks."""
+    segments, run = [], []
+
+    def close():
+        if not run:
+            return
+        inside = {id(o) for o in run}
+        defined = {r.id for o in run for r in o.results}
+        inputs = list({v.id: v for o in run for v in o.operands if v.id not in defined}.values())
+        outputs = [r for o in run for r in o.results if users.get(r.id, set()) - inside]
+        segments.append(_Block(list(run), inputs, outputs))
+        run.clear()
+
+    for op in region.ops:
+        if op.regions or op.op in (Op.CALL, Op.CONST):
+            close()
+            segments.append(op)
+        else:
+            run.append(op)
+    close()
+    return segments
+
+
+class HostExecutor(ReferenceExecutor):
+    def __init__(self, program: Program, workers: int | None = None):
+        super().__init__(program)
+        if program.device.type != "cpu":
+            raise BackendUnavailable(f"the host backend runs CPU tensors; these are on {program.device}")
+        missing = unsupported_ops(program)
+        if missing:
+            raise BackendUnavailable(f"no native kernel for: {'; '.join(missing)}")
+        self.segments: dict[int, list] = {}
+        for fn in program.functions.values():
+            users = _uses_outside(fn)
+            for region in fn.body.regions():
+                self.segments[id(region)] = _segments(region, users)
+        self._compile([s for segs in self.segments.values() for s in segs if isinstance(s, _Block)], workers)
+
+    def _compile(self, blocks: list[_Block], workers: int | None):
+        device = Device.cpu(workers)
+        parts = []
+        for k, block in enumerate(blocks):
+            sub = Program({"main": Function("main", Region(block.inputs, block.ops, block.outputs))}, "main",
+                          self.program.constants, self.program.device)
+            plan = plan_memory(sub)
+            uprogram = SimplePolicy(device, can_run_natively=kernels.supported).schedule(sub, plan, "L1")
+            parts.append((block, sub, render(uprogram, plan, CPU, entry=f"block_{k}")))
+        if not parts:
+            return
+        library = str(compile_shared_library(assemble([r for _, _, r in parts])))
+        for block, sub, rendered in parts:
+            block.compiled = CompiledProgram(sub, rendered, library, device.workers, max_depth=1)
+
+    def run_region(self, region: Region, env: dict):
+        for segment in self.segments[id(region)]:
+            if isinstance(segment, Operation):
+                self.run_op(segment, env)
+            else:
+                outs = segment.compiled([env[v.id] for v in segment.inputs])
+                for v, t in zip(segment.outputs, outs):
+                    env[v.id] = t
+        return [env[v.id] for v in region.yields]

@@ -1,0 +1,78 @@
+"""A compiled native program: load, bind torch tensors zero-copy, call, report errors."""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Sequence
+
+import torch
+
+from cocktailer.codegen.renderer import Rendered
+from cocktailer.errors import CompiledCallError
+from cocktailer.ir import Program, TensorType
+
+_ARGTYPES = [ctypes.c_void_p] * 9 + [ctypes.c_int]
+
+
+class CompiledProgram:
+    """Calls the generated `cocktailer_run` once per inference. Inputs, constants and outputs
+    are torch tensors bound by pointer; the scratch arena, the recursion stack and per-worker
+    loop counters are allocated once per thread and reused, so calls are thread-safe."""
+
+    def __init__(self, program: Program, rendered: Rendered, library: str, workers: int, max_depth: int):
+        self.program = program
+        self.rendered = rendered
+        self.workers = workers
+        self.max_depth = max_depth
+        self.library = library
+        self._fn = getattr(ctypes.CDLL(library), rendered.entry)
+        self._fn.argtypes = _ARGTYPES
+        self._fn.restype = ctypes.c_int64
+        self._constants = [program.constants[n].detach().contiguous() for n in rendered.plan.const_names]
+        self._const_table = (ctypes.c_void_p * max(len(self._constants), 1))(*[t.data_ptr() for t in self._constants])
+        self._input_types = [p.type for p in program.main.params]
+        self._output_types = [v.type for v in program.main.body.yields]
+        self._local = threading.local()
+
+    def _scratch(self):
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            plan, frames = self.rendered.plan, self.max_depth + 1
+            scratch = self._local.scratch = (
+                torch.empty(max(plan.arena_bytes, 64), dtype=torch.uint8),
+                torch.empty(max(plan.frame_bytes, 64) * self.max_depth, dtype=torch.uint8) if plan.frame_bytes else
+                torch.empty(64, dtype=torch.uint8),
+                torch.empty(self.workers * frames * plan.locals_per_frame, dtype=torch.int64),
+                torch.empty(self.workers * frames, dtype=torch.int64),
+                torch.zeros(1, dtype=torch.int64))
+        return scratch
+
+    def check_inputs(self, inputs: Sequence[torch.Tensor]):
+        if len(inputs) != len(self._input_types):
+            raise CompiledCallError(f"expected {len(self._input_types)} tensor inputs, got {len(inputs)}")
+        for k, (x, ty) in enumerate(zip(inputs, self._input_types)):
+            if x.device.type != "cpu":
+                raise CompiledCallError(f"input {k} is on {x.device}; this program was compiled for the CPU")
+            if TensorType.of(x) != ty:
+                raise CompiledCallError(f"input {k} is {TensorType.of(x)}; this program was compiled for {ty}")
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        self.check_inputs(inputs)
+        inputs = [x.contiguous() for x in inputs]
+        outputs = [torch.empty(t.shape, dtype=t.dtype) for t in self._output_types]
+        arena, stack, locals_, rets, err = self._scratch()
+        ins = (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs])
+        outs = (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs])
+        code = self._fn(ins, outs, self._const_table, arena.data_ptr(), stack.data_ptr(), self.max_depth,
+                        locals_.data_ptr(), rets.data_ptr(), err.data_ptr(), self.workers)
+        if code:
+            message = self.rendered.errors[code - 1] if 0 < code <= len(self.rendered.errors) else f"error {code}"
+            if "recursion deeper" in message:
+                message += f" ({self.max_depth}); compile with a larger max_depth"
+            raise CompiledCallError(message)
+        return outputs   # inputs written in place come back as the last outputs; the caller copies them
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0))

@@ -1,0 +1,171 @@
+"""Memory planning (Cocktailer §4.1): every value is placed before the call.
+
+- inputs and constants are bound zero-copy (pointer tables);
+- intermediates of the entry function share one scratch arena, reused by liveness;
+- each other (recursive) function's values live in a frame of the simulated stack, so that
+  recursion needs no allocation: frame k of the stack is `stack + k * frame_bytes`;
+- loop-carried values get buffers that hold them across iterations (the body's yields are
+  copied into them), a loop's condition region reads the same buffers as its body;
+- branch results are buffers both branches copy their yields into;
+- loop counters and trip counts are per-worker slots ("locals"), one set per frame.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cocktailer.ir import Function, Op, Operation, Program, Region, Value
+
+ALIGN = 64
+
+
+@dataclass
+class Buffer:
+    space: str      # "input", "const", "arena" (entry function), "frame" (other functions), "local"
+    offset: int     # bytes into arena/frame, index into the input/const table, or local slot
+    nbytes: int
+
+
+@dataclass
+class MemoryPlan:
+    buffers: dict[int, Buffer] = field(default_factory=dict)        # value id -> buffer
+    loop_slots: dict[int, tuple[int, int]] = field(default_factory=dict)  # id(loop op) -> (index slot, trip slot)
+    arena_bytes: int = 0
+    frame_bytes: int = 0
+    locals_per_frame: int = 0
+    const_names: list[str] = field(default_factory=list)
+
+    def of(self, value: Value) -> Buffer:
+        return self.buffers[value.id]
+
+
+def _nbytes(value: Value) -> int:
+    return value.type.numel * value.type.dtype.itemsize
+
+
+class _Intervals:
+    """Live intervals of one function's values in a pre-order numbering of its ops."""
+
+    def __init__(self):
+        self.start: dict[int, int] = {}
+        self.end: dict[int, int] = {}
+        self.values: dict[int, Value] = {}
+        self.pos = 0
+
+    def define(self, v: Value, at: int):
+        self.values[v.id] = v
+        self.start.setdefault(v.id, at)
+        self.end[v.id] = max(self.end.get(v.id, at), at)
+
+    def use(self, v: Value, at: int):
+        if v.id in self.start:
+            self.end[v.id] = max(self.end[v.id], at)
+
+    def walk(self, region: Region):
+        for op in region.ops:
+            self.pos += 1
+            here = self.pos
+            for v in op.operands:
+                self.use(v, here)
+            for r in op.results:          # control-flow results are written inside: live from the start
+                self.define(r, here)
+            for reg in op.regions:
+                for p in reg.params:
+                    self.define(p, here)
+                self.walk(reg)
+                self.pos += 1
+                for v in reg.yields:
+                    self.use(v, self.pos)
+            end = self.pos
+            for p in (p for reg in op.regions for p in reg.params):
+                self.use(p, end)
+            for r in op.results:
+                self.use(r, end)
+            control = list(op.operands) if op.regions else []   # conditions and trip counts are read by every
+            if op.op is Op.LOOP and op.loop_cond is not None:   # worker as it enters: keep them until the op ends
+                control += op.loop_cond.yields
+            for v in control:
+                self.use(v, end)
+            if op.op is Op.LOOP:          # values read in a loop but defined before it live through it
+                self._extend_outer(op, here, end)
+
+    def _extend_outer(self, op: Operation, start: int, end: int):
+        for reg in op.regions:
+            for v in reg.outside_reads():
+                if v.id in self.start and self.start[v.id] < start:
+                    self.end[v.id] = max(self.end[v.id], end)
+
+
+def _pack(intervals: _Intervals, ids: list[int]) -> tuple[dict[int, int], int]:
+    """First-fit offsets for values whose live intervals do not overlap."""
+    order = sorted(ids, key=lambda i: (intervals.start[i], -_nbytes(intervals.values[i])))
+    placed: list[tuple[int, int, int]] = []   # (end, offset, size) of live buffers
+    offsets, top = {}, 0
+    for vid in order:
+        size = (_nbytes(intervals.values[vid]) + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+        start = intervals.start[vid]
+        placed = [p for p in placed if p[0] >= start]
+        offset = 0
+        for _, o, s in sorted(placed, key=lambda p: p[1]):
+            if offset + size <= o:
+                break
+            offset = max(offset, o + s)
+        offsets[vid] = offset
+        placed.append((intervals.end[vid], offset, size))
+        top = max(top, offset + size)
+    return offsets, top
+
+
+def _plan_function(fn: Function, plan: MemoryPlan, space: str, program: Program) -> int:
+    intervals = _Intervals()
+    for p in fn.params:
+        intervals.define(p, 0)
+    intervals.walk(fn.body)
+    intervals.pos += 1
+    for v in fn.body.yields:
+        intervals.use(v, intervals.pos)
+    for p in fn.params:   # parameters are copied in by the caller; keep them for the whole call
+        intervals.use(p, intervals.pos)
+
+    slots = 0
+    skip: set[int] = set()
+    for op in fn.body.walk():
+        if op.op is Op.CONST:
+            name = op.attrs["name"]
+            if name not in plan.const_names:
+                plan.const_names.append(name)
+            plan.buffers[op.results[0].id] = Buffer("const", plan.const_names.index(name), _nbytes(op.results[0]))
+            skip.add(op.results[0].id)
+        elif op.op is Op.LOOP:
+            plan.loop_slots[id(op)] = (slots, slots + 1)
+            for reg in op.regions:
+                plan.buffers[reg.params[0].id] = Buffer("local", slots, 8)
+                skip.add(reg.params[0].id)
+            slots += 2
+    if space == "arena":
+        for i, p in enumerate(fn.params):
+            plan.buffers[p.id] = Buffer("input", i, _nbytes(p))
+            skip.add(p.id)
+
+    cond_aliases = {}   # a loop's condition reads the carried buffers of its body
+    for op in fn.body.walk():
+        if op.op is Op.LOOP and op.loop_cond is not None:
+            for c, b in zip(op.loop_cond.params[1:], op.loop_body.params[1:]):
+                cond_aliases[c.id] = b.id
+                skip.add(c.id)
+    offsets, top = _pack(intervals, [v for v in intervals.values if v not in skip])
+    for vid, off in offsets.items():
+        plan.buffers[vid] = Buffer(space, off, _nbytes(intervals.values[vid]))
+    for c, b in cond_aliases.items():
+        plan.buffers[c] = plan.buffers[b]
+    plan.locals_per_frame = max(plan.locals_per_frame, slots)
+    return top
+
+
+def plan_memory(program: Program) -> MemoryPlan:
+    plan = MemoryPlan()
+    plan.arena_bytes = _plan_function(program.main, plan, "arena", program)
+    for name, fn in program.functions.items():
+        if name != program.entry:
+            plan.frame_bytes = max(plan.frame_bytes, _plan_function(fn, plan, "frame", program))
+    plan.locals_per_frame = max(plan.locals_per_frame, 1)
+    return plan

@@ -1,0 +1,109 @@
+"""Scheduling: IR Program -> uProgram.
+
+The interfaces follow Cocktailer's scheduling primitives so that Algorithm 1 (a later issue)
+plugs in: `schedule_operator` turns a data op into a uOperator, `schedule_control_flow`
+places a control-flow op at a unit level if legal, `set_resource` fixes how many units of a
+level a uProgram uses, and `profiler` measures a candidate. `SimplePolicy` is the
+baseline: control flow at L1 whenever legal (Constraint 1), each worker runs its own copy
+of the control flow and its share of every uOperator, and a global barrier before every op
+that reads a buffer written since the last barrier (read after write) or writes a buffer
+read or written since then (write after read: the memory plan reuses buffers), and before
+every control-flow construct."""
+from __future__ import annotations
+
+from typing import Callable
+
+from cocktailer.ir import Op, Operation, Program, Region, Value
+from cocktailer.schedule.device import Device
+from cocktailer.schedule.memory import MemoryPlan
+from cocktailer.schedule.utask import Barrier, Block, BranchUTask, LoopUTask, UOperator, UProgram, UTaskRef
+
+LEVELS = ("L0", "L1", "L2", "host")
+
+
+class SimplePolicy:
+    """Control flow at L1; one uTask per worker for every operator; global barriers."""
+
+    def __init__(self, device: Device, profiler: Callable[[UProgram], float] | None = None,
+                 can_run_natively: Callable[[Operation], bool] = lambda op: True):
+        self.device = device
+        self.profiler = profiler            # unused by this policy; Algorithm 1 compares candidates with it
+        self.can_run_natively = can_run_natively
+        self.units = {level.name: level.count for level in device.unit_levels}
+
+    # -- the scheduling primitives ----------------------------------------------------
+    def schedule_operator(self, op: Operation) -> UOperator:
+        return UOperator(op, self.units["L1"])
+
+    def schedule_control_flow(self, program: Program, level: str) -> tuple[bool, str]:
+        """Constraint 1: control flow may sit at L1 only if every data op it controls runs
+        on L1 units (here: every op has a native kernel); L0 would split an op's uTasks
+        across control-flow copies that disagree, so it is never legal for whole ops."""
+        if level == "L0":
+            return False, "L0 (SIMD lanes) cannot hold control flow over whole operators"
+        unsupported = sorted({op.op.name for op in program.walk() if op.op not in (Op.IF, Op.LOOP, Op.CALL, Op.CONST)
+                              and not self.can_run_natively(op)})
+        if level == "L1" and unsupported:
+            return False, f"ops without a native kernel: {', '.join(unsupported)}"
+        return True, f"legal at {level}"
+
+    def set_resource(self, uprogram: UProgram, level: str, units: int):
+        self.units[level] = units
+
+    # -- the policy ---------------------------------------------------------------------
+    def schedule(self, program: Program, plan: MemoryPlan, control_level: str = "L1") -> UProgram:
+        ok, why = self.schedule_control_flow(program, control_level)
+        if not ok:
+            raise ValueError(f"control flow cannot run at {control_level}: {why}")
+        self.plan = plan
+        functions = {name: self._block(fn.body) for name, fn in program.functions.items()}
+        return UProgram(program, self.device, functions, control_level,
+                        [f"control flow at {control_level} ({why}); {self.units['L1']} workers; "
+                         "one uTask per worker per operator; global barriers"])
+
+    def _ranges(self, values) -> list[tuple]:
+        """Shared memory ranges of values (inputs and constants are never written;
+        locals are per worker)."""
+        out = []
+        for v in values:
+            buf = self.plan.of(v)
+            if buf.space in ("arena", "frame"):
+                out.append((buf.space, buf.offset, buf.offset + buf.nbytes))
+        return out
+
+    def _block(self, region: Region) -> Block:
+        block = Block()
+        read: list[tuple] = []      # shared ranges read since the last barrier
+        written: list[tuple] = []   # ... and written
+        for op in region.ops:
+            reads, writes = self._ranges(_reads(op)), self._ranges(op.results)
+            if op.regions or op.op is Op.CALL:
+                if read or written:
+                    block.items.append(Barrier(tuple(op.operands)))
+                block.items.append(self._control(op))
+                read, written = [], []   # control flow ends with a barrier
+                continue
+            if _overlap(reads, written) or _overlap(writes, read + written):
+                block.items.append(Barrier(tuple(op.operands)))
+                read, written = [], []
+            block.items.append(self.schedule_operator(op))
+            read += reads
+            written += writes
+        return block
+
+    def _control(self, op: Operation):
+        if op.op is Op.IF:
+            return BranchUTask(op, self._block(op.regions[0]), self._block(op.regions[1]), "L1")
+        if op.op is Op.LOOP:
+            cond = self._block(op.loop_cond) if op.loop_cond is not None else None
+            return LoopUTask(op, self._block(op.loop_body), cond, "L1")
+        return UTaskRef(op, op.attrs["callee"], "L1")
+
+
+def _overlap(a: list[tuple], b: list[tuple]) -> bool:
+    return any(x[0] == y[0] and x[1] < y[2] and y[1] < x[2] for x in a for y in b)
+
+
+def _reads(op: Operation) -> list[Value]:
+    """Values an op reads, including those its regions read from outside."""
+    return list(op.operands) + [v for region in op.regions for v in region.outside_reads()]

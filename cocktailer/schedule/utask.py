@@ -1,0 +1,64 @@
+"""The uTask abstractions (Cocktailer §3.1, Rammer's rTasks): a data op becomes a uOperator
+of homogeneous uTasks (tiles of its output); a loop becomes a Loop-uTask whose body is a
+uProgram block run by every unit of its level; a branch a Branch-uTask; a call of a
+(recursive) function a uTask reference. Barriers separate dependent uTasks."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from cocktailer.ir import Operation, Program, Value
+from cocktailer.schedule.device import Device
+
+
+@dataclass
+class UOperator:
+    op: Operation
+    num_tasks: int        # uTasks: the op's output split into this many tiles, dealt to the L1 units
+
+
+@dataclass
+class Barrier:
+    """All units of the level wait here. `reason` names the values whose writes must be seen."""
+    reason: tuple[Value, ...] = ()
+
+
+@dataclass
+class Block:
+    items: list["Item"] = field(default_factory=list)
+
+
+@dataclass
+class LoopUTask:
+    op: Operation
+    body: Block
+    cond: Block | None
+    level: str
+
+
+@dataclass
+class BranchUTask:
+    op: Operation
+    then: Block
+    orelse: Block
+    level: str
+
+
+@dataclass
+class UTaskRef:
+    """A call: the callee's uProgram, entered with a new frame on the simulated stack."""
+    op: Operation
+    callee: str
+    level: str
+
+
+Item = Union[UOperator, Barrier, LoopUTask, BranchUTask, UTaskRef]
+
+
+@dataclass
+class UProgram:
+    program: Program
+    device: Device
+    functions: dict[str, Block]       # one block per IR function, entry first
+    control_level: str                # where control flow runs: "L1" (in native code) or "host" (Python)
+    decisions: list[str] = field(default_factory=list)   # what the policy chose and why, for explain()
