@@ -47,13 +47,13 @@ def compile_traced(model_or_function: Callable, example_inputs: tuple, *, backen
     program = capture(model_or_function, args, kwargs)
     tensors = [x for x in pytree.flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
     program = run_pipeline(traced_graph(program, tensors), CAPTURE_PIPELINE)
-    compiled.cache[compiled._key(args, kwargs)] = (program, BACKENDS[compiled.backend](program))
+    compiled.cache[compiled._key(args, kwargs)] = (program, compiled._build(program))
     compiled.frozen = True
     return compiled
 
 
 def compile(model_or_function: Callable, example_inputs: tuple | None = None, *, backend: str = "auto",
-            example_kwargs: dict | None = None) -> "CompiledFunction":
+            example_kwargs: dict | None = None, options: dict | None = None) -> "CompiledFunction":
     """A callable with the signature of `model_or_function` that runs its compiled program.
 
     It specializes on the shapes, dtypes and device of the tensor arguments and on the
@@ -61,10 +61,12 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     `example_inputs`, the first specialization is compiled now, so errors show here.
     Inference only: when autograd would record the call (grad mode on and an input or
     parameter requires grad), it runs the original model eagerly instead, with one warning.
+    `options` go to native backends: `workers` (threads; default all cores) and `max_depth`
+    (frames of the recursion stack; default 256: deeper recursion raises CompiledCallError).
     """
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(['auto', *BACKENDS])}")
-    compiled = CompiledFunction(model_or_function, backend)
+    compiled = CompiledFunction(model_or_function, backend, options or {})
     if example_inputs is not None:
         compiled.specialize(*_as_tuple(example_inputs), **(example_kwargs or {}))
     return compiled
@@ -79,9 +81,10 @@ class GradFallbackWarning(UserWarning):
 
 
 class CompiledFunction:
-    def __init__(self, fn: Callable, backend: str):
+    def __init__(self, fn: Callable, backend: str, options: dict | None = None):
         self.fn = fn
         self.backend = backend
+        self.options = options or {}
         self.signature = inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn)
         self.parameters = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
         self.cache: dict[tuple, tuple[Program, Callable]] = {}
@@ -140,18 +143,27 @@ class CompiledFunction:
             if self.backend in NATIVE and find_compiler() is None:
                 _warn_once("no C compiler found (set CC or install gcc): running the reference backend instead")
                 return ReferenceExecutor(program)
-            return BACKENDS[self.backend](program)
+            return self._backend(self.backend, program)
         for name in AUTO_ORDER:
             if name in NATIVE and find_compiler() is None:
                 _warn_once("no C compiler found (set CC or install gcc): running the reference backend instead")
                 continue
             try:
-                executable = BACKENDS[name](program)
+                executable = self._backend(name, program)
             except BackendUnavailable:
                 continue
             self.chosen = name
             return executable
         raise AssertionError("the reference backend runs every program")
+
+    def _backend(self, name: str, program: Program) -> Callable:
+        if name not in NATIVE:
+            return BACKENDS[name](program)
+        allowed = {"cpu": ("workers", "max_depth"), "host": ("workers",)}[name]
+        unknown = set(self.options) - {"workers", "max_depth"}
+        if unknown:
+            raise ValueError(f"unknown backend options {sorted(unknown)}; known: workers, max_depth")
+        return BACKENDS[name](program, **{k: v for k, v in self.options.items() if k in allowed})
 
     def _needs_grad(self, args, kwargs) -> bool:
         if not torch.is_grad_enabled():

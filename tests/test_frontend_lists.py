@@ -45,3 +45,21 @@ def test_list_written_in_one_branch_only():
     fast = cocktailer.compile(f, (torch.ones(3),))
     for x in (torch.ones(3), -torch.ones(3)):
         torch.testing.assert_close(fast(x), f(x))
+
+
+def test_tensor_written_in_a_loop_inside_a_helper_is_seen_by_the_caller():
+    """`buf[i] = ...` in a loop must write the caller's tensor, not rebind a local copy."""
+    def fill(buf, x):
+        for i in range(x.shape[0]):
+            buf[i] = x[i] * 2
+
+    def f(x):
+        buf = torch.zeros_like(x)
+        alias = buf
+        fill(buf, x)
+        return alias + 1
+
+    x = torch.randn(5, 3)
+    for backend in ("reference", "cpu"):
+        fast = cocktailer.compile(f, (x,), backend=backend)
+        torch.testing.assert_close(fast(x), f(x))

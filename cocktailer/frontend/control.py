@@ -100,9 +100,38 @@ def assert_(test, msg=None):
 
 # -- if ------------------------------------------------------------------------------------
 
-def if_stmt(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Sequence[str], loc):
+def _update_originals(before: tuple, after: tuple, names: Sequence[str], in_place: Sequence[str]) -> tuple:
+    """Variables the construct only wrote through (`buf[i] = v`) stay the same objects, now
+    holding the new contents, so that every alias of them (a caller's tensor, an input) sees
+    the writes as it would in Python."""
+    if not in_place:
+        return after
+    t = context.tracer()
+    out = list(after)
+    for k, name in enumerate(names):
+        old, new = before[k], after[k]
+        if name not in in_place or old is new:
+            continue
+        if isinstance(old, Proxy) and isinstance(new, torch.Tensor):
+            t.rebind(old, t.value_of(new))
+        elif isinstance(old, list) and isinstance(new, list):
+            old[:] = new
+        elif isinstance(old, dict) and isinstance(new, dict):
+            old.clear()
+            old.update(new)
+        else:
+            continue
+        out[k] = old
+    return tuple(out)
+
+
+def if_stmt(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Sequence[str], loc, in_place=()):
     if not is_proxy(test):
         return then_fn(*state) if test else else_fn(*state)
+    return _update_originals(state, _trace_if(test, then_fn, else_fn, state, names, loc), names, in_place)
+
+
+def _trace_if(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Sequence[str], loc):
     t = context.tracer()
     cond = condition_value(t, test)
     branches = []
@@ -230,11 +259,12 @@ def range_(*args):
     return range(*args)
 
 
-def while_stmt(cond_fn: Callable, body_fn: Callable, state: tuple, names: Sequence[str], key):
+def while_stmt(cond_fn: Callable, body_fn: Callable, state: tuple, names: Sequence[str], key, in_place=()):
     for _ in range(MAX_PYTHON_WHILE_ITERATIONS):
         test = cond_fn(*state)
         if is_proxy(test):
-            return _trace_loop(lambda i, *s: body_fn(*s), cond_fn, state, names, key, trip=None)
+            out = _trace_loop(lambda i, *s: body_fn(*s), cond_fn, state, names, key, trip=None)
+            return _update_originals(state, out, names, in_place)
         if not test:
             return state
         state = body_fn(*state)
@@ -242,12 +272,14 @@ def while_stmt(cond_fn: Callable, body_fn: Callable, state: tuple, names: Sequen
                            context.loc(key))
 
 
-def for_stmt(iterable, body_fn: Callable, cond_fn: Callable | None, state: tuple, names: Sequence[str], key):
+def for_stmt(iterable, body_fn: Callable, cond_fn: Callable | None, state: tuple, names: Sequence[str], key,
+             in_place=()):
     t = context.tracer()
     if isinstance(iterable, (range, SymRange)) and key not in t.hints["unroll"]:
         trip, to_var = _range_trip(t, iterable)
-        return _trace_loop(lambda i, *s: body_fn(to_var(i), *s), cond_fn, state, names, key, trip=trip,
-                           static_trip=isinstance(iterable, range))
+        out = _trace_loop(lambda i, *s: body_fn(to_var(i), *s), cond_fn, state, names, key, trip=trip,
+                          static_trip=isinstance(iterable, range))
+        return _update_originals(state, out, names, in_place)
     if isinstance(iterable, SymRange):
         raise UnsupportedError("a loop over range(<tensor>) whose body needs Python values (it indexes a list "
                                "or ModuleList with the loop variable)", context.loc(key),
@@ -262,7 +294,7 @@ def for_stmt(iterable, body_fn: Callable, cond_fn: Callable | None, state: tuple
                 break
             state = body_fn(item, *state)
         else:
-            state = if_stmt(test, lambda *s, item=item: body_fn(item, *s), lambda *s: s, state, names, key)
+            state = if_stmt(test, lambda *s, item=item: body_fn(item, *s), lambda *s: s, state, names, key, in_place)
     return state
 
 

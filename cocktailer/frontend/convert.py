@@ -136,6 +136,19 @@ def _stores(nodes) -> set[str]:
     return out
 
 
+def _updated_in_place(nodes) -> list[str]:
+    """Names only written through (`h[i] = v`), never rebound: after the construct they must
+    still be the same object, updated, so that aliases of it see the writes."""
+    rebound, written = set(), set()
+    for node in nodes:
+        for n in itertools.chain([node], _walk_scope(node)):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                rebound.add(n.id)
+            elif isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name):
+                written.add(n.value.id)
+    return sorted(written - rebound)
+
+
 def _loads(node) -> set[str]:
     """Names read by `node`, nested scopes included (a closure reads its free names)."""
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
@@ -305,7 +318,7 @@ class _Functionalize:
         then_fn = _def(f"{P}then_{n}", state, self.block(s.body, set(state)) + [ret])
         else_fn = _def(f"{P}else_{n}", state, self.block(s.orelse, set(state)) + [ret])
         call = _call(_ct("if_stmt"), s.test, _load(then_fn.name), _load(else_fn.name), _tuple(state, ast.Load),
-                     _const(tuple(state)), _const(self.src.key(s)))
+                     _const(tuple(state)), _const(self.src.key(s)), _const(tuple(_updated_in_place(s.body + s.orelse))))
         return self._emit(s, state, [then_fn, else_fn], call)
 
     def while_(self, s: ast.While, live_out: set[str]) -> list[ast.stmt]:
@@ -316,7 +329,7 @@ class _Functionalize:
         body_fn = _def(f"{P}body_{n}", state, self.block(s.body, set(state) | _loads(s.test)) +
                        [ast.Return(_tuple(state, ast.Load))])
         call = _call(_ct("while_stmt"), _load(cond_fn.name), _load(body_fn.name), _tuple(state, ast.Load),
-                     _const(tuple(state)), _const(self.src.key(s)))
+                     _const(tuple(state)), _const(self.src.key(s)), _const(tuple(_updated_in_place(s.body))))
         return self._emit(s, state, [cond_fn, body_fn], call)
 
     def for_(self, s: ast.For, live_out: set[str]) -> list[ast.stmt]:
@@ -342,7 +355,7 @@ class _Functionalize:
         if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.func.id == "range":
             iterable = ast.Call(_ct("range_"), iterable.args, iterable.keywords)
         call = _call(_ct("for_stmt"), iterable, _load(body_fn.name), cond_arg, _tuple(state, ast.Load),
-                     _const(tuple(state)), _const(self.src.key(s)))
+                     _const(tuple(state)), _const(self.src.key(s)), _const(tuple(_updated_in_place(s.body))))
         return self._emit(s, state, defs, call)
 
 

@@ -1,0 +1,177 @@
+"""The native CPU backend beyond the construct tests: the model zoo at batch 1 and >1 on
+the "cpu" and "host" backends, errors raised before native code can misbehave, the disk
+cache across processes, and the fallback when there is no C compiler."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+
+import cocktailer
+from cocktailer import CompiledCallError, models
+from cocktailer.runtime import compiler, find_compiler
+
+try:
+    from tests.utils import assert_same
+except ImportError:
+    from utils import assert_same
+
+pytestmark = pytest.mark.skipif(find_compiler() is None, reason="no C compiler")
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _instances(w):
+    return w.config["instances"] if not w.batches else [w.inputs]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("name", models.names())
+def test_zoo_on_cpu_backend_matches_eager(name, batch):
+    """One compile per model, then inputs from several seeds (other decisions, other trees)."""
+    workloads = [models.make(name, batch=batch, size="small", seed=s) for s in (0, 1, 2)]
+    model = workloads[0].model
+    fast = cocktailer.compile(model, workloads[0].inputs, backend="cpu")
+    assert fast.chosen == "cpu"
+    with torch.no_grad():
+        for w in workloads:
+            for inputs in _instances(w):
+                assert_same(fast(*inputs), model(*inputs), RTOL, ATOL, path=f"{name}")
+    assert len(fast.cache) == 1
+
+
+@pytest.mark.parametrize("name", ["lstm", "seq2seq", "blockdrop", "rae"])
+def test_zoo_on_host_backend_matches_eager(name):
+    w = models.make(name, batch=1, size="small", seed=1)
+    fast = cocktailer.compile(w.model, w.inputs, backend="host")
+    with torch.no_grad():
+        assert_same(fast(*w.inputs), w.model(*w.inputs), RTOL, ATOL, path=name)
+
+
+class RAE(nn.Module):
+    def __init__(self, hidden=8):
+        super().__init__()
+        self.enc = nn.Linear(2 * hidden, hidden)
+
+    def forward(self, left, right, is_leaf, inp, root):
+        if is_leaf[root]:
+            return inp[root]
+        l = self.forward(left, right, is_leaf, inp, left[root])
+        r = self.forward(left, right, is_leaf, inp, right[root])
+        return torch.tanh(self.enc(torch.cat([l, r], -1)))
+
+
+def chain(depth: int, nodes: int = 64):
+    """A left-deep tree of the given depth: node k has children 2k+1 (internal) and 2k+2 (leaf)."""
+    left = torch.full((nodes,), -1)
+    right = torch.full((nodes,), -1)
+    is_leaf = torch.ones(nodes, dtype=torch.bool)
+    node = 0
+    for _ in range(depth):
+        left[node], right[node], is_leaf[node] = node + 2, node + 1, False
+        node += 2
+    return left, right, is_leaf, torch.randn(nodes, 8), torch.tensor(0)
+
+
+def test_recursion_deeper_than_max_depth_raises_a_clear_error():
+    torch.manual_seed(0)
+    model = RAE().eval()
+    fast = cocktailer.compile(model, chain(3), backend="cpu", options={"max_depth": 16})
+    deep, too_deep, shallow = chain(15), chain(20), chain(5)
+    with torch.no_grad():
+        assert_same(fast(*deep), model(*deep), RTOL, ATOL)
+        with pytest.raises(CompiledCallError, match="recursion deeper.*max_depth"):
+            fast(*too_deep)
+        assert_same(fast(*shallow), model(*shallow), RTOL, ATOL)   # still usable afterwards
+
+
+def test_tree_index_out_of_range_raises_instead_of_reading_out_of_bounds():
+    torch.manual_seed(0)
+    model = RAE().eval()
+    args = chain(3)
+    fast = cocktailer.compile(model, args, backend="cpu")
+    left = args[0].clone()
+    left[0] = 1000
+    with torch.no_grad(), pytest.raises(CompiledCallError, match="out of range"):
+        fast(left, *args[1:])
+
+
+def test_program_called_with_wrong_inputs_raises():
+    prog = cocktailer.capture(lambda x: x * 2, (torch.ones(3),))
+    run = cocktailer.BACKENDS["cpu"](prog)
+    with pytest.raises(CompiledCallError, match="f32\\[4\\]"):
+        run([torch.ones(4)])
+    with pytest.raises(CompiledCallError, match="f64\\[3\\]"):
+        run([torch.ones(3, dtype=torch.float64)])
+    with pytest.raises(CompiledCallError, match="meta"):
+        run([torch.ones(3, device="meta")])
+    with pytest.raises(CompiledCallError, match="expected 1 tensor inputs"):
+        run([])
+    assert torch.equal(run([torch.ones(3)])[0], torch.full((3,), 2.0))
+
+
+def test_no_compiler_falls_back_to_reference_with_one_warning(monkeypatch):
+    from cocktailer import api
+    monkeypatch.setattr(api, "find_compiler", lambda: None)
+    monkeypatch.setattr(api, "_warned", set())
+    fn = lambda x: torch.tanh(x) + 1   # noqa: E731
+    x = torch.randn(5)
+    with pytest.warns(RuntimeWarning, match="no C compiler"):
+        fast = cocktailer.compile(fn, (x,), backend="cpu")
+    assert torch.equal(fast(x), fn(x))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cocktailer.compile(fn, (torch.randn(6),))   # warned once only; auto picks reference
+
+
+def test_second_compile_hits_the_disk_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("COCKTAILER_CACHE_DIR", str(tmp_path))
+    prog = cocktailer.capture(lambda x: torch.relu(x) * 3, (torch.randn(7),))
+    first = cocktailer.BACKENDS["cpu"](prog)
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("the compiler ran although the library is cached")
+    monkeypatch.setattr(compiler.subprocess, "run", no_compiler)
+    second = cocktailer.BACKENDS["cpu"](prog)
+    assert first.library == second.library
+
+
+def test_two_processes_compiling_the_same_model_share_the_cache(tmp_path):
+    script = textwrap.dedent("""
+        import torch, cocktailer
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh()).eval()
+        x = torch.randn(2, 6)
+        with torch.no_grad():
+            fast = cocktailer.compile(model, (x,), backend="cpu")
+            assert torch.allclose(fast(x), model(x), atol=1e-5)
+        print(fast.cache[next(iter(fast.cache))][1].library)
+    """)
+    env = {"COCKTAILER_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin:/usr/local/bin"}
+    import os
+    env = {**os.environ, **env}
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err
+    libraries = {out.strip() for out, _ in results}
+    assert len(libraries) == 1
+    assert list(tmp_path.glob("*.so")) == [tmp_path / libraries.pop().rsplit("/", 1)[1]]
+    assert not list(tmp_path.glob("tmp*"))   # no half-written files left behind
+
+
+def test_inputs_written_in_place_on_cpu_backend():
+    def fill(cache, x):
+        for i in range(x.shape[0]):
+            cache[i] = x[i] * 2
+        return cache.sum()
+    cache, x = torch.zeros(4, 3), torch.randn(4, 3)
+    fast = cocktailer.compile(fill, (cache.clone(), x), backend="cpu")
+    mine, theirs = torch.zeros(4, 3), torch.zeros(4, 3)
+    torch.testing.assert_close(fast(mine, x), fill(theirs, x))
+    torch.testing.assert_close(mine, theirs)
