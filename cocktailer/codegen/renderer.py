@@ -247,10 +247,17 @@ class Renderer:
         return Rendered("\n".join(self.lines) + "\n", self.errors, plan, self.entry)
 
 
+# Workers run the same kernels concurrently on neighbouring data; GCC 12 (-O3 -march=native)
+# produced wrong results under `restrict` there (a 2-row GEMV split by columns over two workers
+# gave wrong rows intermittently; the same source without `restrict` was right in every run),
+# so generated code promises no more than plain C pointers do.
+_NO_RESTRICT = "#define restrict"
+
+
 def assemble(functions: list[Rendered], dialect: Dialect = CPU) -> str:
     """One C source: headers, preludes, then the entry functions."""
     head = "\n".join(f"#include <{h}>" for h in dialect.headers)
-    return "\n".join([head, _CORE_PRELUDE, PRELUDE, *(f.source for f in functions)])
+    return "\n".join([head, _NO_RESTRICT, _CORE_PRELUDE, PRELUDE, *(f.source for f in functions)])
 
 
 def render(uprogram: UProgram, plan: MemoryPlan, dialect: Dialect = CPU, entry: str = "cocktailer_run") -> Rendered:

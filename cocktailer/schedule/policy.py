@@ -14,11 +14,25 @@ from __future__ import annotations
 from typing import Callable
 
 from cocktailer.ir import Op, Operation, Program, Region, Value
+from cocktailer.ir.ops import BINARY, UNARY
 from cocktailer.schedule.device import Device
 from cocktailer.schedule.memory import MemoryPlan
 from cocktailer.schedule.utask import Barrier, Block, BranchUTask, LoopUTask, UOperator, UProgram, UTaskRef
 
 LEVELS = ("L0", "L1", "L2", "host")
+MAP_OPS = UNARY | BINARY | {Op.WHERE, Op.FULL}
+
+
+def map_partition(op: Operation) -> tuple[int, int] | None:
+    """How a map-style uOperator deals its uTasks: output elements in one contiguous block per
+    worker, cut at 64-byte lines (the kernels' `ck_range(n, 64 // itemsize, w, W)`). Two ops
+    with the same key give every worker the same elements, so a worker that reads element i
+    of a value it wrote itself needs no barrier in between (Rammer: synchronize only where a
+    dependency crosses units)."""
+    if op.op not in MAP_OPS:
+        return None
+    out = op.results[0].type
+    return out.numel, max(1, 64 // out.dtype.itemsize)
 
 
 class SimplePolicy:
@@ -61,29 +75,28 @@ class SimplePolicy:
                         [f"control flow at {control_level} ({why}); {self.units['L1']} workers; "
                          "one uTask per worker per operator; global barriers"])
 
-    def _ranges(self, values) -> list[tuple]:
-        """Shared memory ranges of values (inputs and constants are never written;
+    def _range(self, v: Value) -> tuple | None:
+        """The shared memory a value occupies (inputs and constants are never written;
         locals are per worker)."""
-        out = []
-        for v in values:
-            buf = self.plan.of(v)
-            if buf.space in ("arena", "frame"):
-                out.append((buf.space, buf.offset, buf.offset + buf.nbytes))
-        return out
+        buf = self.plan.of(v)
+        return (buf.space, buf.offset, buf.offset + buf.nbytes) if buf.space in ("arena", "frame") else None
 
     def _block(self, region: Region) -> Block:
         block = Block()
-        read: list[tuple] = []      # shared ranges read since the last barrier
-        written: list[tuple] = []   # ... and written
+        read: list[tuple] = []      # (range, partition) read since the last barrier
+        written: list[tuple] = []   # (range, partition) written since the last barrier
         for op in region.ops:
-            reads, writes = self._ranges(_reads(op)), self._ranges(op.results)
             if op.regions or op.op is Op.CALL:
                 if read or written:
                     block.items.append(Barrier(tuple(op.operands)))
                 block.items.append(self._control(op))
                 read, written = [], []   # control flow ends with a barrier
                 continue
-            if _overlap(reads, written) or _overlap(writes, read + written):
+            key = map_partition(op)
+            aligned = lambda v: key if key is not None and v.type.shape == op.results[0].type.shape else None
+            reads = [(r, aligned(v)) for v in _reads(op) if (r := self._range(v)) is not None]
+            writes = [(r, key) for v in op.results if (r := self._range(v)) is not None]
+            if _conflict(reads, written) or _conflict(writes, read + written):
                 block.items.append(Barrier(tuple(op.operands)))
                 read, written = [], []
             block.items.append(self.schedule_operator(op))
@@ -100,8 +113,15 @@ class SimplePolicy:
         return UTaskRef(op, op.attrs["callee"], "L1")
 
 
-def _overlap(a: list[tuple], b: list[tuple]) -> bool:
-    return any(x[0] == y[0] and x[1] < y[2] and y[1] < x[2] for x in a for y in b)
+def _conflict(accesses: list[tuple], earlier: list[tuple]) -> bool:
+    """Whether any access overlaps an earlier one by another worker: same memory, unless both
+    cover exactly the same buffer with the same partition (each worker its own elements)."""
+    for (x, kx) in accesses:
+        for (y, ky) in earlier:
+            if x[0] == y[0] and x[1] < y[2] and y[1] < x[2]:
+                if not (kx is not None and kx == ky and x == y):
+                    return True
+    return False
 
 
 def _reads(op: Operation) -> list[Value]:
