@@ -12,6 +12,7 @@ from cocktailer.errors import CompiledCallError
 from cocktailer.frontend import capture as _frontend_capture
 from cocktailer.ir import Program
 from cocktailer.passes import CAPTURE_PIPELINE, run_pipeline
+from cocktailer.passes.fold_constants import refresh_derived
 from cocktailer.reference import ReferenceExecutor
 from cocktailer.reference.trace import traced_graph
 
@@ -126,6 +127,7 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         args, kwargs = self._bind(args, kwargs)
         program, run = self._entry(args, kwargs)
+        refresh_derived(program)
         leaves, _ = pytree.flatten((args, kwargs))
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         results = run(tensors)

@@ -92,6 +92,9 @@ def backends_under_test() -> list[str]:
 
 # Native kernels compute in float32 with their own exp/tanh: the tolerance for them.
 NATIVE_RTOL, NATIVE_ATOL = 1e-4, 1e-5
+# Native programs are called this many times per input: a race between workers shows up as
+# results that differ from call to call (or as a hang).
+NATIVE_REPEATS = 8
 
 
 def assert_matches_eager(
@@ -118,7 +121,10 @@ def assert_matches_eager(
             with torch.no_grad():
                 expected = model_or_fn(*_clone(inputs))
                 actual = fast(*_clone(inputs))
+                repeats = [fast(*_clone(inputs)) for _ in range(NATIVE_REPEATS if name != "reference" else 0)]
             assert_same(actual, expected, *tol, path=f"[{name}] input set {k}: out")
+            for r in repeats:
+                assert_same(r, actual, 0, 0, path=f"[{name}] input set {k}, repeated call: out")
         compiled.append(fast)
     return compiled[0]
 

@@ -23,23 +23,47 @@ class Dialect:
     name: str
     headers: tuple[str, ...]
     function_prefix: str            # qualifiers of the entry point
+    shared_decls: str               # declared before the parallel region: shared by all workers
     parallel_begin: str             # opens the region every worker runs; `nw` is the worker count
-    worker_ids: str                 # declares w (this worker) and W (workers)
+    worker_ids: str                 # declares w (this worker) and W (workers), and private state
     barrier: str
     atomic_store: str               # stores `{dst} = {value}` visibly to all workers
 
 
 CPU = Dialect(
     name="c-openmp",
-    headers=("stdint.h", "string.h", "math.h", "omp.h"),
+    headers=("stdint.h", "string.h", "math.h", "omp.h", "sched.h"),
     function_prefix="",
+    shared_decls="ct_barrier_t ct_bar = {0, 0};",
     parallel_begin="#pragma omp parallel num_threads(nw)",
-    worker_ids="const int w = omp_get_thread_num(); const int W = omp_get_num_threads();",
-    barrier="#pragma omp barrier",
+    worker_ids="const int w = omp_get_thread_num(); const int W = omp_get_num_threads(); int64_t ct_sense = 0;",
+    barrier="ct_barrier(&ct_bar, &ct_sense, W);",
     atomic_store="{{\n#pragma omp atomic write\n{dst} = {value};\n}}",
 )
 
 _CORE_PRELUDE = r"""
+/* The global barrier: sense-reversing, on two shared counters. A waiter spins briefly, then
+   yields its core: on a busy machine the worker it waits for may be descheduled, and
+   spinning (as OpenMP's barrier does) would only keep it off the core. */
+typedef struct { int64_t count; int64_t sense; } ct_barrier_t;
+#if defined(__x86_64__) || defined(__i386__)
+#define ct_pause() __builtin_ia32_pause()
+#else
+#define ct_pause() ((void)0)
+#endif
+static inline void ct_barrier(ct_barrier_t* b, int64_t* sense, int W) {
+  if (W == 1) return;
+  const int64_t s = 1 - *sense;
+  *sense = s;
+  if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == W) {
+    __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&b->sense, s, __ATOMIC_RELEASE);
+    return;
+  }
+  for (int spins = 0; __atomic_load_n(&b->sense, __ATOMIC_ACQUIRE) != s; ++spins) {
+    if (spins < 4096) ct_pause(); else sched_yield();
+  }
+}
 /* every worker copies its share of n bytes */
 static inline void ct_copy(char* restrict dst, const char* restrict src, int64_t n, int w, int W) {
   if (dst == src) return;
@@ -220,6 +244,7 @@ class Renderer:
                   "char* stack, int64_t max_depth, int64_t* locals, int64_t* rets, int64_t* err, int nw) {")
         self.emit(f"  enum {{ FRAME = {max(plan.frame_bytes, 64)}, NLOC = {plan.locals_per_frame} }};")
         self.emit("  err[0] = 0;")
+        self.emit(f"  {d.shared_decls}")
         self.emit(f"  {d.parallel_begin}")
         self.emit("  {")
         self.emit(f"  {d.worker_ids}")

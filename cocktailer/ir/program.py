@@ -130,6 +130,8 @@ class Program:
     device: torch.device
     input_spec: Any = None    # pytree spec of the arguments (their tensors are the entry's parameters)
     output_spec: Any = None   # (pytree spec, [(is_tensor, python value)]) of the result; tensors are the yields
+    derived: dict[str, tuple] = field(default_factory=dict)   # folded constant -> (op, attrs, source names)
+    derived_versions: dict[str, tuple] = field(default_factory=dict)   # sources' versions when computed
     inputs_written: list[int] = field(default_factory=list)   # tensor inputs written in place: their new
                                                               # values are the last yields, copied back
 

@@ -10,11 +10,14 @@ from typing import Callable
 from cocktailer import settings
 from cocktailer.ir import Program, format_program, verify
 from cocktailer.passes.dce import dce
+from cocktailer.passes.fold_constants import fold_constants
 
 Pass = Callable[[Program], Program]
 
 CAPTURE_PIPELINE: list[tuple[str, Pass]] = [
     ("dce", dce),
+    ("fold_constants", fold_constants),
+    ("dce_after_folding", dce),
 ]
 
 

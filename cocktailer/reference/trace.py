@@ -62,5 +62,6 @@ def traced_graph(program: Program, inputs: Sequence[torch.Tensor]) -> Program:
     recorder.region.yields = [recorder.traced(t) for t in outputs]
     main = Function("main", recorder.region, program.main.loc)
     traced = Program({"main": main}, "main", dict(program.constants), program.device, program.input_spec,
-                     program.output_spec, list(program.inputs_written))
+                     program.output_spec, dict(program.derived), dict(program.derived_versions),
+                     list(program.inputs_written))
     return dce(traced)

@@ -8,6 +8,7 @@ from cocktailer.ir import Op, Program
 from cocktailer.runtime.compiler import compile_shared_library
 from cocktailer.runtime.native import CompiledProgram
 from cocktailer.schedule import Device, SimplePolicy
+from cocktailer.schedule.policy import useful_workers
 from cocktailer.schedule.memory import plan_memory
 
 DEFAULT_MAX_DEPTH = 256
@@ -29,7 +30,7 @@ def cpu_backend(program: Program, workers: int | None = None, max_depth: int = D
     missing = unsupported_ops(program)
     if missing:
         raise BackendUnavailable(f"no native kernel for: {'; '.join(missing)}")
-    device = Device.cpu(workers)
+    device = Device.cpu(workers or useful_workers(program, Device.cpu().workers))
     plan = plan_memory(program)
     uprogram = SimplePolicy(device, can_run_natively=kernels.supported).schedule(program, plan, "L1")
     rendered = render(uprogram, plan, CPU)

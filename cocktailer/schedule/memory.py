@@ -68,7 +68,7 @@ class _Intervals:
                 self.use(v, here)
             for r in op.results:          # control-flow results are written inside: live from the start
                 self.define(r, here)
-            for reg in op.regions:
+            for reg in _execution_order(op):
                 for p in reg.params:
                     self.define(p, here)
                 self.walk(reg)
@@ -93,6 +93,14 @@ class _Intervals:
             for v in reg.outside_reads():
                 if v.id in self.start and self.start[v.id] < start:
                     self.end[v.id] = max(self.end[v.id], end)
+
+
+def _execution_order(op: Operation) -> list[Region]:
+    """A loop's condition runs before its body in every iteration: number it first, or the
+    body could reuse the buffer of the flag other workers are still reading."""
+    if op.op is Op.LOOP and op.loop_cond is not None:
+        return [op.loop_cond, op.loop_body]
+    return list(op.regions)
 
 
 def _pack(intervals: _Intervals, ids: list[int]) -> tuple[dict[int, int], int]:

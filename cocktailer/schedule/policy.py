@@ -35,6 +35,31 @@ def map_partition(op: Operation) -> tuple[int, int] | None:
     return out.numel, max(1, 64 // out.dtype.itemsize)
 
 
+# Below this much work in its largest operator, a program runs on one worker: splitting ops
+# that small costs more in barriers than it saves (a batch-1 RNN cell of hidden 8 runs faster
+# alone). The profiler-driven policy (Algorithm 1) replaces this rule by measurement.
+MIN_WORK_FOR_PARALLELISM = 1 << 15
+
+
+def op_work(op: Operation) -> int:
+    """Multiply-adds of a contraction, elements written otherwise."""
+    out = op.results[0].type if op.results else None
+    if out is None:
+        return 0
+    if op.op is Op.MATMUL:
+        return out.numel * op.operands[0].type.shape[-1]
+    if op.op is Op.CONV2D:
+        w = op.operands[1].type.shape
+        return out.numel * w[1] * w[2] * w[3]
+    return out.numel
+
+
+def useful_workers(program: Program, available: int) -> int:
+    """SetResource for the simple policy: all workers, unless every op is tiny."""
+    largest = max((op_work(op) for op in program.walk() if op.op not in (Op.IF, Op.LOOP, Op.CALL)), default=0)
+    return available if largest >= MIN_WORK_FOR_PARALLELISM else 1
+
+
 class SimplePolicy:
     """Control flow at L1; one uTask per worker for every operator; global barriers."""
 
