@@ -1,0 +1,70 @@
+"""What ran the benchmark: CPU, cores, memory, library versions and the source commit."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import pathlib
+import platform
+import subprocess
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+LIBRARIES = ("torch", "jax", "jaxlib", "onnx", "onnxruntime", "onnxscript", "numpy", "matplotlib")
+
+
+def describe() -> dict:
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_bytes": _memory_bytes(),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "versions": versions(), "git": git_state(), "load_average": load_average()}
+
+
+def load_average() -> list[float] | None:
+    """1/5/15-minute load: other processes on a small machine make every number noisier."""
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return None
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None   # a peer that is not installed: its systems say "missing"
+    return out
+
+
+def _cpu_model() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_bytes() -> int | None:
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def git_state() -> dict:
+    """The commit and whether the tree has uncommitted changes (a dirty tree's numbers
+    belong to no commit). GIT_OPTIONAL_LOCKS=0: never take the index lock of a tree that
+    others are working in."""
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, env=env, capture_output=True,
+                                text=True, timeout=30, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"commit": None, "dirty": None, "error": str(exc)}
+    return {"commit": commit, "dirty": bool(status.strip())}

@@ -1,0 +1,163 @@
+"""The systems under test. Each prepares one workload (compile, script, export, port) and
+gives back a zero-argument `run` for one inference; the runner checks and times it.
+
+Peers: PyTorch eager, TorchScript, torch.compile (Inductor), JAX jit, ONNX Runtime. Ours:
+cocktailer on every backend in cocktailer.BACKENDS. The lower bound: the traced graph
+(control flow resolved for these inputs) on every backend; on "reference" it is the
+straight-line graph run op by op with torch, i.e. eager without control flow.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+import cocktailer
+from bench.status import Missing, Unsupported, describe
+from bench.subject import Subject
+
+PEER, OURS, TRACED = "peer", "cocktailer", "traced"
+JAX = ("jax", "jaxlib")
+
+
+@dataclass
+class Prepared:
+    run: Callable[[], Any]                                        # one inference, blocking until done
+    to_result: Callable[[Any], Any] = field(default=lambda out: out)   # run's output as eager's structure
+    info: Callable[[], dict] = field(default=dict)   # after the first run: how the system ran it
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    kind: str                                   # PEER, OURS or TRACED
+    prepare: Callable[[Subject], Prepared]
+    packages: tuple[str, ...] = ()              # importable names the peer needs
+    backend: str | None = None                  # the cocktailer backend (OURS, TRACED)
+    traced: str | None = None                   # the traced graph its time is compared with
+
+    def require(self):
+        for package in self.packages:
+            if importlib.util.find_spec(package) is None:
+                raise Missing(package)
+
+
+def all_systems() -> list[System]:
+    eager_traced = "traced:reference"   # the straight-line graph run op by op with torch
+    peers = [System("eager", PEER, _eager, traced=eager_traced),
+             System("torchscript", PEER, _torchscript, traced=eager_traced),
+             System("torch.compile", PEER, _torch_compile, traced=eager_traced),
+             System("jax", PEER, _jax, JAX, traced="traced:jax"),
+             System("onnxruntime", PEER, _onnxruntime, ("onnx", "onnxruntime"), traced=eager_traced)]
+    ours = [System(f"cocktailer:{b}", OURS, _cocktailer(b), backend=b, traced=f"traced:{b}")
+            for b in cocktailer.BACKENDS]
+    traced = [System(f"traced:{b}", TRACED, _traced(b), backend=b) for b in cocktailer.BACKENDS]
+    # JAX on the traced graph too: the paper's Figures 15/16/18 compare each framework with
+    # its own traced graph, and the port makes that one line.
+    traced.append(System("traced:jax", TRACED, _traced_jax, JAX))
+    return peers + ours + traced
+
+
+def select(systems: list[System], wanted: list[str] | None) -> list[System]:
+    """--systems: exact names, or a family ("cocktailer", "traced") for all its backends."""
+    if not wanted:
+        return systems
+    known = {s.name for s in systems} | {s.name.split(":")[0] for s in systems}
+    unknown = [w for w in wanted if w not in known]
+    if unknown:
+        raise SystemExit(f"unknown system(s) {', '.join(unknown)}; known: {', '.join(s.name for s in systems)}")
+    return [s for s in systems if s.name in wanted or s.name.split(":")[0] in wanted]
+
+
+def quick_selection(systems: list[System]) -> list[System]:
+    """--quick: every peer and every cocktailer backend, but the traced graph only eagerly and
+    in JAX: compiling each model's unrolled graph again per compiled backend would take
+    most of the few minutes --quick has (the full run does it)."""
+    return [s for s in systems if s.kind != TRACED or s.backend in (None, "reference")]
+
+
+def _eager(subject: Subject) -> Prepared:
+    model, inputs = subject.model, subject.inputs
+    return Prepared(lambda: model(*inputs))
+
+
+def _torchscript(subject: Subject) -> Prepared:
+    try:
+        scripted = torch.jit.script(subject.model)
+    except Exception as exc:   # recursion, unsupported Python: TorchScript says why
+        raise Unsupported(f"torch.jit.script: {describe(exc)}") from exc
+    inputs = subject.inputs
+    return Prepared(lambda: scripted(*inputs))
+
+
+def _torch_compile(subject: Subject) -> Prepared:
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()   # each workload compiles from scratch, within its own time budget
+    counters.clear()
+    compiled = torch.compile(subject.model)
+    inputs = subject.inputs
+    return Prepared(lambda: compiled(*inputs), info=lambda: _dynamo_info(counters))
+
+
+def _dynamo_info(counters) -> dict:
+    """How much torch.compile really compiled: at a data-dependent branch Dynamo breaks the
+    graph, and a break inside a loop makes it skip the whole frame and run it eagerly. Such
+    a run is still torch.compile's result for the model, but the table says so."""
+    graphs = counters["stats"].get("unique_graphs", 0)
+    reasons = {**counters["unimplemented"], **counters["graph_break"]}
+    kinds = sorted({reason.strip().splitlines()[0] for reason in reasons})   # first line: the kind of break
+    info = {"graphs": graphs, "graph_breaks": sum(reasons.values()), "break_kinds": kinds}
+    if graphs == 0:
+        info["note"] = f"nothing compiled, ran eagerly ({'; '.join(kinds) or 'no graph'})"
+    elif reasons:
+        info["note"] = f"{graphs} graphs, {info['graph_breaks']} graph breaks ({'; '.join(kinds)})"
+    return info
+
+
+def _jax(subject: Subject) -> Prepared:
+    return _jax_port(subject, subject.program)
+
+
+def _traced_jax(subject: Subject) -> Prepared:
+    return _jax_port(subject, subject.traced_program)
+
+
+def _jax_port(subject: Subject, program) -> Prepared:
+    from bench.jax_ports import JaxPort, structured   # imports jax: only once it is known to be there
+    port = JaxPort(program)
+    args = port.inputs(subject.tensors)
+    return Prepared(lambda: port(args), lambda outs: structured(program, outs), port.info)
+
+
+def _onnxruntime(subject: Subject) -> Prepared:
+    from bench.onnx_port import OnnxPort
+    port = OnnxPort(subject)
+    return Prepared(port.run, info=lambda: port.info)
+
+
+def _cocktailer(backend: str) -> Callable[[Subject], Prepared]:
+    def prepare(subject: Subject) -> Prepared:
+        try:
+            fast = cocktailer.compile(subject.model, subject.inputs, backend=backend)
+        except cocktailer.UnsupportedError as exc:
+            raise Unsupported(f"cocktailer: {describe(exc)}") from exc
+        inputs = subject.inputs
+        return Prepared(lambda: fast(*inputs))
+    return prepare
+
+
+def _traced(backend: str) -> Callable[[Subject], Prepared]:
+    def prepare(subject: Subject) -> Prepared:
+        traced = subject.traced if backend == "reference" else _compile_traced(subject, backend)
+        inputs = subject.inputs
+        return Prepared(lambda: traced(*inputs))
+    return prepare
+
+
+def _compile_traced(subject: Subject, backend: str):
+    try:
+        return cocktailer.compile_traced(subject.model, subject.inputs, backend=backend)
+    except cocktailer.UnsupportedError as exc:
+        raise Unsupported(f"cocktailer: {describe(exc)}") from exc

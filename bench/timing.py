@@ -1,0 +1,60 @@
+"""Wall-clock timing of one system: warm-up, then runs until both a minimum count and a
+minimum time are reached (so fast systems get many samples and slow ones still finish),
+and robust statistics of the samples. Never used by the tests."""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Budget:
+    warmup: int = 3           # runs discarded: caches, allocator, lazy JIT paths
+    min_runs: int = 10
+    min_seconds: float = 2.0
+    max_runs: int = 10_000
+    max_seconds: float = 30.0  # a very slow system stops after this (with at least 3 runs)
+
+
+QUICK = Budget(warmup=1, min_runs=3, min_seconds=0.25, max_runs=200, max_seconds=2.0)
+FULL = Budget()
+
+
+def measure(fn: Callable[[], object], budget: Budget) -> list[float]:
+    """Seconds of each timed call of `fn` (which must block until its result is ready)."""
+    for _ in range(budget.warmup):
+        fn()
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()   # a collection inside one sample would make it an outlier
+    try:
+        return _sample(fn, budget)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _sample(fn, budget: Budget) -> list[float]:
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < budget.max_runs:
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - t0) * 1e-9)
+        elapsed = time.perf_counter() - start
+        if len(times) >= budget.min_runs and elapsed >= budget.min_seconds:
+            break
+        if len(times) >= 3 and elapsed >= budget.max_seconds:
+            break
+    return times
+
+
+def summarize(times: list[float]) -> dict:
+    t = np.asarray(times)
+    q = np.percentile(t, [10, 25, 50, 75, 90])
+    return {"runs": len(times), "median_s": float(q[2]), "p10_s": float(q[0]), "p90_s": float(q[4]),
+            "q1_s": float(q[1]), "q3_s": float(q[3]), "min_s": float(t.min()), "mean_s": float(t.mean())}
