@@ -100,6 +100,7 @@ class Renderer:
         self.names = 0
         self.sites: dict[str, list[int]] = {}   # callee -> call-site ids
         self.frame = _Frame("arena")
+        self.kernels: list[str] = []             # one C function per operator
 
     # -- addressing -------------------------------------------------------------------
     def ptr(self, v: Value, base: str | None = None) -> str:
@@ -124,6 +125,14 @@ class Renderer:
         return f"{prefix}_{self.names}"
 
     def fail(self, message: str) -> str:
+        """Inside an operator's function: record the error and return (its caller then leaves
+        the program; every worker checks the same data, so all of them leave)."""
+        self.errors.append(message)
+        store = self.d.atomic_store.format(dst="err[0]", value=len(self.errors))
+        return f"{{ {store} return 1; }}"
+
+    def fail_here(self, message: str) -> str:
+        """In the control-flow skeleton itself: record the error and leave the program."""
         self.errors.append(message)
         store = self.d.atomic_store.format(dst="err[0]", value=len(self.errors))
         return f"{{ {store} goto ct_fail; }}"
@@ -146,14 +155,19 @@ class Renderer:
                 self.call(item)
 
     def operator(self, item: UOperator):
+        """Each operator is a function of its own, called by every worker: GCC's optimizer is
+        superlinear in function size, and a program is thousands of ops once unrolled."""
         op = item.op
         if op.op is Op.CONST:
             return   # bound zero-copy: the constant table holds its pointer
         ctx = KernelContext(ptr=self.ptr, worker="w", workers="W", fail=self.fail, fresh=self.fresh)
+        name = f"{self.entry}_op{op.results[0].id}"
         loc = f" /* {op.loc} */" if op.loc else ""
-        self.emit(f"{{ /* {op.op.name.lower()} %{op.results[0].id} */{loc}")
-        self.emit(KERNELS[op.op](op, ctx))
-        self.emit("}")
+        self.kernels.append(
+            f"__attribute__((noinline)) static int {name}(void** in, void** cst, char* arena, char* fp, "
+            f"int64_t* CT_L, int w, int W, int64_t* err) {{ /* {op.op.name.lower()} %{op.results[0].id} */{loc}\n"
+            f"{KERNELS[op.op](op, ctx)}\nreturn 0;\n}}")
+        self.emit(f"if ({name}(in, cst, arena, fp, CT_L, w, W, err)) goto ct_fail;")
 
     def copies(self, pairs: list[tuple[str, str, int]]):
         """Copy (dst, src, nbytes) triples, each worker its share, then a barrier."""
@@ -213,7 +227,7 @@ class Renderer:
         callee = self.program.functions[item.callee]
         site = sum(len(s) for s in self.sites.values())
         self.sites.setdefault(item.callee, []).append(site)
-        self.emit(f"if (sp + 1 >= max_depth) {self.fail('recursion deeper than the compiled maximum depth')}")
+        self.emit(f"if (sp + 1 >= max_depth) {self.fail_here('recursion deeper than the compiled maximum depth')}")
         self.emit("{ char* nfp = stack + (sp + 1) * FRAME;")
         self.copies(self.moves(op.operands, callee.params, base_dst="nfp"))
         self.emit("}")
@@ -269,7 +283,7 @@ class Renderer:
         self.emit("  }")
         self.emit("  return err[0];")
         self.emit("}")
-        return Rendered("\n".join(self.lines) + "\n", self.errors, plan, self.entry)
+        return Rendered("\n".join(self.kernels + self.lines) + "\n", self.errors, plan, self.entry)
 
 
 # Workers run the same kernels concurrently on neighbouring data; GCC 12 (-O3 -march=native)
