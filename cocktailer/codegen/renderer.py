@@ -100,7 +100,8 @@ class Renderer:
         self.names = 0
         self.sites: dict[str, list[int]] = {}   # callee -> call-site ids
         self.frame = _Frame("arena")
-        self.kernels: list[str] = []             # one C function per operator
+        self.kernels: dict[str, str] = {}        # kernel body -> the C function that runs it
+        self.signatures: dict[str, int] = {}     # function -> number of buffer arguments
 
     # -- addressing -------------------------------------------------------------------
     def ptr(self, v: Value, base: str | None = None) -> str:
@@ -124,17 +125,20 @@ class Renderer:
         self.names += 1
         return f"{prefix}_{self.names}"
 
+    def _error_code(self, message: str) -> int:
+        if message not in self.errors:
+            self.errors.append(message)
+        return self.errors.index(message) + 1
+
     def fail(self, message: str) -> str:
         """Inside an operator's function: record the error and return (its caller then leaves
         the program; every worker checks the same data, so all of them leave)."""
-        self.errors.append(message)
-        store = self.d.atomic_store.format(dst="err[0]", value=len(self.errors))
+        store = self.d.atomic_store.format(dst="err[0]", value=self._error_code(message))
         return f"{{ {store} return 1; }}"
 
     def fail_here(self, message: str) -> str:
         """In the control-flow skeleton itself: record the error and leave the program."""
-        self.errors.append(message)
-        store = self.d.atomic_store.format(dst="err[0]", value=len(self.errors))
+        store = self.d.atomic_store.format(dst="err[0]", value=self._error_code(message))
         return f"{{ {store} goto ct_fail; }}"
 
     def emit(self, line: str = ""):
@@ -155,19 +159,29 @@ class Renderer:
                 self.call(item)
 
     def operator(self, item: UOperator):
-        """Each operator is a function of its own, called by every worker: GCC's optimizer is
-        superlinear in function size, and a program is thousands of ops once unrolled."""
+        """Each operator runs as a C function called by every worker, with its buffers as
+        arguments: an unrolled program repeats the same op on the same shapes thousands of
+        times, and those share one function (GCC's time grows superlinearly with code size)."""
         op = item.op
         if op.op is Op.CONST:
             return   # bound zero-copy: the constant table holds its pointer
-        ctx = KernelContext(ptr=self.ptr, worker="w", workers="W", fail=self.fail, fresh=self.fresh)
-        name = f"{self.entry}_op{op.results[0].id}"
-        loc = f" /* {op.loc} */" if op.loc else ""
-        self.kernels.append(
-            f"__attribute__((noinline)) static int {name}(void** in, void** cst, char* arena, char* fp, "
-            f"int64_t* CT_L, int w, int W, int64_t* err) {{ /* {op.op.name.lower()} %{op.results[0].id} */{loc}\n"
-            f"{KERNELS[op.op](op, ctx)}\nreturn 0;\n}}")
-        self.emit(f"if ({name}(in, cst, arena, fp, CT_L, w, W, err)) goto ct_fail;")
+        args: dict[int, str] = {}   # value id -> parameter name
+
+        def param(v: Value) -> str:
+            name = args.setdefault(v.id, f"a{len(args)}")
+            return f"(({ctype(v.type.dtype)}*){name})"
+        names = iter(range(1 << 30))
+        ctx = KernelContext(ptr=param, worker="w", workers="W", fail=self.fail,
+                            fresh=lambda prefix: f"{prefix}_{next(names)}")
+        body = KERNELS[op.op](op, ctx)
+        values = {v.id: v for v in [*op.operands, *op.results]}
+        function = self.kernels.get(body)
+        if function is None:
+            function = self.kernels[body] = f"{self.entry}_k{len(self.kernels)}"
+        loc = f" /* %{op.results[0].id} = {op.op.name.lower()}{', ' + str(op.loc) if op.loc else ''} */"
+        pointers = ", ".join(f"(char*){self.ptr(values[vid])}" for vid in args)
+        self.emit(f"if ({function}({pointers}{', ' if args else ''}w, W, err)) goto ct_fail;{loc}")
+        self.signatures[function] = len(args)
 
     def copies(self, pairs: list[tuple[str, str, int]]):
         """Copy (dst, src, nbytes) triples, each worker its share, then a barrier."""
@@ -283,7 +297,12 @@ class Renderer:
         self.emit("  }")
         self.emit("  return err[0];")
         self.emit("}")
-        return Rendered("\n".join(self.kernels + self.lines) + "\n", self.errors, plan, self.entry)
+        functions = []
+        for body, name in self.kernels.items():
+            params = "".join(f"char* a{k}, " for k in range(self.signatures[name]))
+            functions.append(f"__attribute__((noinline)) static int {name}({params}int w, int W, int64_t* err) {{\n"
+                             f"{body}\nreturn 0;\n}}")
+        return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry)
 
 
 # Workers run the same kernels concurrently on neighbouring data; GCC 12 (-O3 -march=native)
