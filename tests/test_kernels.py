@@ -3,14 +3,17 @@ semantics (cocktailer.ir.ops.SEMANTICS).
 
 A small harness of its own, independent of the backend core: each case is one Operation
 built by hand; the cases are rendered GROUP_SIZE to a C file by
-`cocktailer.codegen.kernels.standalone` (PRELUDE + one `run_<i>(bufs, err, nthreads)` per
-case, a `#pragma omp parallel` region around the kernel), compiled with gcc -O3
--march=native -fopenmp into a temp dir (cached by source hash, files compiled in parallel),
-loaded with ctypes and run on torch tensors bound by data_ptr() with 1, 2 and 3 workers. Results must match float32 to rtol 1e-5/atol 1e-6
-(contractions and long sums: a bound scaled by sum |terms|), integers and bools exactly;
-cases that must fail at run time (index out of range, integer division by zero) must set
-the error code. At the end a few single-op programs go through the "cpu" backend, once
-the core registers it.
+`cocktailer.codegen.kernels.standalone` (PRELUDE + one `run_<i>` per case: a `#pragma omp
+parallel` region around the kernel), compiled with the backend's flags (gcc -O3 -march=native
+-fopenmp) into a temp dir (cached by source hash, files compiled in parallel), loaded with
+ctypes and run on torch tensors bound by data_ptr() with 1, 2 and 3 workers; with 2 and 3 the
+kernel runs 4 times, the workers released together and the result poisoned in between, so a
+worker writing outside its share has a chance to show. Results must match float32 to rtol
+1e-5/atol 1e-6 (contractions and long sums: a bound scaled by sum |terms|), integers and
+bools exactly; cases that must fail at run time (index out of range, integer division by a
+zero in a broadcast divisor) must report the error. One test builds a few kernels without
+AVX-512 (the portable code). At the end a few single-op programs go through the "cpu"
+backend, once the core registers it.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import torch
 from cocktailer.codegen.kernels import KERNELS, ctype, supported
 from cocktailer.codegen.kernels.standalone import Library
 from cocktailer.ir import CREATION, SEMANTICS, Op, Operation, TensorType, Value, infer_type
-from cocktailer.ir.ops import BINARY, UNARY
+from cocktailer.ir.ops import BINARY
 
 WORKERS = (1, 2, 3)
 GROUP_SIZE = 90   # cases per C file
@@ -153,11 +156,12 @@ def cases_binary() -> list[Case]:
         for sa, sb in SHAPES:
             out.append(Case(kind, [rand(sa), rand(sb)]))
     combos = [(F32, F32), (I64, F32), (I64, I64), (I32, I64), (U8, I8), (I16, I16), (F64, F32), (B, B), (B, I32), (F32, F64)]
+    layouts = [((5, 12), (12,)), ((), (9,)), ((7,), ())]
     for kind in sorted(BINARY, key=lambda k: k.value):
-        for da, db in combos:
+        for i, (da, db) in enumerate(combos):
             if kind is Op.SUB and B in (da, db):
                 continue
-            for sa, sb in [((5, 12), (12,)), ((), (9,)), ((7,), ())]:
+            for sa, sb in (layouts[(i + kind.value) % 3],):   # every layout meets every op and dtype pair somewhere
                 a, b = rand(sa, da, special=True), rand(sb, db, special=True)
                 if kind in (Op.FLOORDIV, Op.MOD) and not (da.is_floating_point or db.is_floating_point):
                     if da is B and db is B:
@@ -179,7 +183,7 @@ def cases_binary() -> list[Case]:
     ai = torch.tensor([-7, 7, -7, 7, 0, -1, torch.iinfo(torch.int64).min, 9])
     bi = torch.tensor([2, -2, -2, 2, 5, 3, -1, -9])
     out += [Case(Op.FLOORDIV, [ai, bi], name="-int-edges"), Case(Op.MOD, [ai, bi], name="-int-edges")]
-    out += [Case(Op.FLOORDIV, [ai, bi.clone().index_fill_(0, torch.tensor([3]), 0)], fails=True, name="-by-zero"),
+    out += [Case(Op.FLOORDIV, [ai, bi[:1].clone().zero_()], fails=True, name="-by-zero"),
             Case(Op.MOD, [ai.to(I32), torch.tensor(0, dtype=I32)], fails=True, name="-by-zero"),
             Case(Op.DIV, [torch.tensor([1, -1, 0]), torch.tensor([0, 0, 0])], name="-int-by-zero")]
     big = torch.tensor([2 ** 62, -(2 ** 62), 2 ** 31 - 1])
@@ -282,6 +286,17 @@ def cases_conv() -> list[Case]:
     conv((64, 7, 1, 1), (10, 7, 1, 1), bias=True, name="-gate")
     conv((2, 5, 8, 8), (3, 5, 2, 2), stride=(3, 3), padding=(1, 0), bias=True)
     conv((2, 3, 10, 10), (5, 3, 3, 3), bias=True, padding=(1, 1), dt=F64)
+    # stride 1 with output rows as wide as the input's: the direct (no im2col) path with AVX-512
+    conv((2, 20, 9, 5), (24, 20, 3, 3), bias=True, padding=(1, 1), name="-direct-narrow-rows")
+    conv((1, 6, 12, 11), (9, 6, 5, 3), padding=(2, 1), name="-direct-5x3")
+    conv((2, 4, 13, 13), (10, 4, 3, 3), padding=(2, 2), dilation=(2, 2), name="-direct-dilated")
+    conv((1, 3, 16, 16), (12, 3, 7, 7), padding=(3, 3), name="-direct-7x7")
+    conv((1, 40, 6, 6), (17, 40, 3, 3), padding=(0, 1), name="-direct-fewer-rows")
+    # small images: the im2col GEMM lays the batch's images side by side, panels cross images
+    conv((3, 24, 7, 7), (40, 24, 3, 3), bias=True, padding=(1, 1), name="-images-side-by-side")
+    conv((3, 24, 7, 7), (72, 24, 1, 1), name="-images-side-by-side")
+    conv((5, 8, 4, 5), (16, 8, 1, 1), name="-panels-over-several-images")
+    conv((5, 8, 4, 4), (16, 8, 3, 3), stride=(2, 2), padding=(1, 1), name="-panels-over-several-images")
     for stride, pad, dil, ceil in [((2, 2), (1, 1), (1, 1), False), ((2, 2), (0, 0), (1, 1), True), ((1, 1), (1, 1), (2, 2), False),
                                    ((3, 2), (1, 0), (1, 1), True)]:
         for kernel in ((3, 3), (2, 3)):
@@ -372,12 +387,17 @@ class Harness:
     def run(self, i: int, nt: int) -> tuple[torch.Tensor, str | None]:
         case = self.cases[i]
         lib, j = self.libs[i // GROUP_SIZE], i % GROUP_SIZE
-        rtype = case.operation.results[0].type
-        out = torch.empty(rtype.shape, dtype=rtype.dtype)
-        if out.numel():   # garbage, so unwritten elements show
-            out.reshape(-1).view(torch.uint8).fill_(0x7F) if out.dtype is not B else out.fill_(True)
-        err = lib.run(j, [t.contiguous() for t in case.inputs] + [out], workers=nt)
+        out = garbage(case.operation.results[0].type)
+        err = lib.run(j, [t.contiguous() for t in case.inputs] + [out], workers=nt, reps=1 if nt == 1 else 4)
         return out, (lib.messages[j][err - 1] if err else None)
+
+
+def garbage(rtype: TensorType) -> torch.Tensor:
+    """A result buffer full of 0x7f bytes (bools: True), so elements a kernel leaves unwritten show."""
+    out = torch.empty(rtype.shape, dtype=rtype.dtype)
+    if out.numel():
+        out.reshape(-1).view(torch.uint8).fill_(0x7F) if out.dtype is not B else out.fill_(True)
+    return out
 
 
 def reference(case: Case) -> torch.Tensor:
@@ -425,6 +445,43 @@ def test_kernel(harness: Harness, index: int):
             check(case, got)
 
 
+def test_portable_fallback_without_avx512():
+    """The GEMM engine and the conv packer have AVX-512 paths; without AVX-512 the same kernels
+    take the portable code (GCC vector extensions split into narrower registers)."""
+    picks = [c for c in ALL_CASES if c.op in (Op.MATMUL, Op.CONV2D, Op.EXP, Op.TANH, Op.SOFTMAX)][::3]
+    lib = Library([c.operation for c in picks], extra_flags=("-mno-avx512f",))
+    for j, case in enumerate(picks):
+        out = garbage(case.operation.results[0].type)
+        assert lib.run(j, [t.contiguous() for t in case.inputs] + [out], workers=2, reps=2) == 0
+        check(case, out)
+
+
+def test_integer_division_by_zero_in_a_same_shape_divisor_gives_zero():
+    """Only a broadcast divisor is checked (all workers can read all of it); a divisor of the
+    result's shape may be mid-write by other workers, so a zero there yields 0, no error."""
+    case = Case(Op.FLOORDIV, [torch.tensor([7, -7, 5]), torch.tensor([2, 0, -2])])
+    lib = Library([case.operation, Case(Op.MOD, case.inputs).operation])
+    for j, kind in enumerate((Op.FLOORDIV, Op.MOD)):
+        out = garbage(case.operation.results[0].type)
+        assert lib.run(j, case.inputs + [out], workers=2) == 0
+        assert out.tolist() == ([3, 0, -3] if kind is Op.FLOORDIV else [1, 0, -1])
+
+
+def test_in_place_results():
+    """The core may give a map op, RESHAPE or UPDATE the buffer of its first operand."""
+    a, b = rand((33, 17)), rand((17,))
+    v = rand((17,))
+    cases = [Case(Op.MUL, [a, b]), Case(Op.SIGMOID, [a]), Case(Op.RESHAPE, [a], {"shape": (17, 33)}),
+             Case(Op.UPDATE, [a, v, torch.tensor(-3)], {"key": (("dyn",),)})]
+    lib = Library([c.operation for c in cases])
+    for j, case in enumerate(cases):
+        for nt in (1, 2):
+            x = case.inputs[0].clone()
+            out = x.view(case.operation.results[0].type.shape)
+            assert lib.run(j, [x, *case.inputs[1:], out], workers=nt) == 0
+            check(case, out)
+
+
 def test_every_data_op_has_a_kernel():
     control = {Op.CONST, Op.IF, Op.LOOP, Op.CALL}
     assert set(KERNELS) == set(Op) - control
@@ -448,3 +505,47 @@ def test_supported_refuses_what_the_kernels_do_not_handle():
     with pytest.raises(NotImplementedError):
         ctype(torch.complex64)
     assert supported(_op(Op.ADD, [torch.zeros(3), torch.zeros(3, dtype=I64)]))
+
+
+# -- through the backend core ----------------------------------------------------------------
+
+def _cpu_backend():
+    import cocktailer
+    if "cpu" not in cocktailer.BACKENDS:
+        pytest.skip("the cpu backend is not registered yet")
+    return cocktailer
+
+
+def _programs():
+    import torch.nn.functional as F
+    g = gen(7)
+    w = torch.randn(24, 16, 3, 3, generator=g)
+    table = torch.randn(50, 8, generator=g)
+    return [
+        ("conv-small-images", lambda x: torch.relu(F.conv2d(x, w, None, 1, 1)), (torch.randn(3, 16, 7, 7, generator=g),)),
+        ("conv-strided", lambda x: F.conv2d(x, w, None, 2, 1).mean((2, 3)), (torch.randn(2, 16, 12, 12, generator=g),)),
+        ("linear-softmax", lambda x, m: torch.softmax(x @ m, -1).amax(-1), (torch.randn(5, 300, generator=g),
+                                                                             torch.randn(300, 70, generator=g))),
+        ("gemv", lambda x, m: torch.tanh(x @ m), (torch.randn(1, 256, generator=g), torch.randn(256, 1024, generator=g))),
+        ("embedding", lambda i: F.embedding(i, table).sum(0), (torch.tensor([3, 1, 49, 0]),)),
+        ("where-cast", lambda a, b: torch.where(a > b, a.long(), (b * 3).long()) // 2, (torch.randn(6, 9, generator=g),
+                                                                                      torch.randn(9, generator=g))),
+    ]
+
+
+@pytest.mark.parametrize("name", [p[0] for p in _programs()])
+def test_single_op_programs_through_the_cpu_backend(name):
+    cocktailer = _cpu_backend()
+    _, fn, inputs = next(p for p in _programs() if p[0] == name)
+    compiled = cocktailer.compile(fn, inputs, backend="cpu")
+    for _ in range(3):   # the same compiled program, again: no state left behind
+        torch.testing.assert_close(compiled(*inputs), fn(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_runtime_index_error_through_the_cpu_backend():
+    cocktailer = _cpu_backend()
+    table = torch.randn(10, 4)
+    compiled = cocktailer.compile(lambda i: table[i], (torch.tensor([1, 2]),), backend="cpu")
+    torch.testing.assert_close(compiled(torch.tensor([9, -10])), table[torch.tensor([9, -10])])
+    with pytest.raises(cocktailer.CompiledCallError, match="out of range"):
+        compiled(torch.tensor([3, 10]))

@@ -8,6 +8,22 @@ every worker runs inside the program's parallel region, computing its own share 
 Each renderer agrees with `cocktailer.ir.ops.SEMANTICS` (tests/test_kernels.py checks them one
 by one against it). Shapes are static, so they are emitted as literals.
 
+What the backend core may rely on:
+- Map ops (unary incl. CAST and NOT, binary, WHERE, FULL) give worker w the output elements
+  `ck_range(numel, 64 / itemsize(result), w, W)` (contiguous blocks cut at cache lines) and
+  read each operand of the result's shape only at the elements they write; so two such ops
+  with the same (numel, itemsize) need no barrier between them. Operands of other shapes
+  (broadcast) are read anywhere.
+- A result must not overlap its operands, with these exceptions: a map op may write over an
+  operand of the result's shape and itemsize (same buffer); RESHAPE and UPDATE may write over
+  their first operand (same buffer), and then skip the copy.
+- `fail` is only called before a kernel writes anything, on data every worker reads whole
+  (dynamic indices, GATHER's index tensor, a broadcast integer divisor), so all workers take
+  it together.
+- Kernels never allocate; the GEMM keeps its packed blocks on the worker's stack (up to
+  ~600 KiB for convolutions/GEMMs with more than 64 output rows, 200 KiB otherwise), which the
+  default 8 MiB thread stacks hold (keep OMP_STACKSIZE, if set, above 1 MiB).
+
 | file           | ops                                                                       |
 |----------------|---------------------------------------------------------------------------|
 | elementwise.py | SCALAR FULL ARANGE, unary incl. CAST NOT, binary (broadcast, promotion), WHERE |
@@ -16,7 +32,11 @@ by one against it). Shapes are static, so they are emitted as literals.
 | conv.py        | CONV2D (implicit GEMM) MAX_POOL2D AVG_POOL2D                               |
 | movement.py    | RESHAPE PERMUTE EXPAND CAT SELECT UPDATE GATHER                            |
 | gemm.py        | the float32 GEMM engine in C (part of PRELUDE)                             |
+| convgemm.py    | its convolution side: im2col packer, direct (no im2col) convolution        |
 | prelude.py     | PRELUDE: math helpers, work splitting                                      |
+| common.py      | literals, strides, broadcasting, the loop nest of every map-like op        |
+| context.py     | KernelContext, ctype                                                       |
+| standalone.py  | single ops as a shared library of their own, for tests and benchmarks      |
 """
 from __future__ import annotations
 

@@ -3,7 +3,10 @@
 Per image and group, conv2d is out[Cout_g x OH*OW] = W[Cout_g x Cin_g*KH*KW] @ im2col(x): the
 packed GEMM of gemm.py with a B packer that builds the im2col panel on the fly from the image
 (padding as zeros), so no im2col buffer exists. A 1x1, stride-1, unpadded conv packs the image
-itself. Bias is added by the micro-kernel. float64 runs a direct loop nest.
+itself. With AVX-512, stride-1 convs whose output rows are as wide as the input's (3x3 pad 1
+and the like) skip B packing altogether: `ck_sconv` reads each tap's pixels in place with
+masked loads (gemm.py). Bias is added by the micro-kernel. float64 runs a direct loop nest.
+Convs on 1x1 images (pointwise, fewer than 16 pixels) are dot products.
 
 Pools follow ATen's CPU kernels: max propagates NaN; avg divides by the window clipped to the
 padded input (count_include_pad) or to the input, and ceil_mode comes in through the result's
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from cocktailer.codegen.kernels.common import block, numel, split
+from cocktailer.codegen.kernels.common import block, split
 from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.codegen.kernels.gemm import choose_variant
 from cocktailer.codegen.kernels.matmul import gemm_tiles, narrow
@@ -53,18 +56,62 @@ def render_conv2d(op: Operation, ctx: KernelContext) -> str:
     if pointwise and g == 1 and P < 16:   # e.g. 1x1 convs on pooled features: dot products
         return block(*head, "const float* k_a = k_w; const float* k_b = k_x; float* k_c = k_y;",
                      *narrow(nb, cout, Kg, P, "0", f"k_bi * {cin * P}", ctx, bias="k_bias" if bias is not None else None))
-    mr, nr = choose_variant(cout_g, P)
-    img = f"k_x + (k_bi / {g}) * {cin * h * wd} + (k_bi % {g}) * {cin_g * h * wd}"
+    grp = f"k_bi * {cout_g}"   # k_bi: the group
+    # im2col GEMM: the images side by side as columns (panels may run from one image into the next)
+    mr, nr = choose_variant(cout_g, nb * P)
+    xg = f"k_x + k_bi * {cin_g * h * wd}"
     if pointwise:
-        packer, pack_ctx = f"ck_packb_mat_{nr}", f"const ck_mat k_g = {{ {img}, {P} }};"
+        pack = f"const ck_mat k_g = {{ {xg}, {P}, {P}, {cin * P} }};"
+        packer = f"ck_packb_mat_{nr}"
     else:
+        pack = f"const ck_conv k_g = {{ {xg}, {h}, {wd}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {ow}, {oh}, {cin * h * wd} }};"
         packer = f"ck_packb_conv_{nr}"
-        pack_ctx = (f"const ck_conv k_g = {{ {img}, {h}, {wd}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {ow} }};")
-    grp = f"(k_bi % {g}) * {cout_g}"
-    call = (f"{pack_ctx}\n"
+    call = (f"{pack}\n"
             f"ck_sgemm_{mr}x{nr}(k_m1 - k_m0, k_n1 - k_n0, {Kg}, k_w + ({grp} + k_m0) * {Kg}, {Kg}, {packer}, &k_g, k_n0, "
-            f"k_y + (k_bi / {g}) * {cout * P} + ({grp} + k_m0) * {P} + k_n0, {P}, k_bias ? k_bias + {grp} + k_m0 : 0);")
-    return block(*head, *gemm_tiles(nb * g, cout_g, P, mr, nr, ctx, call))
+            f"k_y + ({grp} + k_m0) * {P}, {P}, {P}, {cout * P}, k_bias ? k_bias + {grp} + k_m0 : 0);")
+    gemm = gemm_tiles(g, cout_g, nb * P, mr, nr, ctx, call)
+    if not direct_ok(op):
+        return block(*head, *gemm)
+    # AVX-512: read the image in place, no im2col; one image (and group) per item
+    dmr, dnr = choose_variant(cout_g, P)
+    grp = f"(k_bi % {g}) * {cout_g}"
+    img = f"k_x + (k_bi / {g}) * {cin * h * wd} + (k_bi % {g}) * {cin_g * h * wd}"
+    direct = (f"const ck_conv k_g = {{ {img}, {h}, {wd}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {ow}, {oh}, 0 }};\n"
+              f"ck_sconv_{dmr}x{dnr}(k_m1 - k_m0, k_n0, k_n1, {cin_g}, k_w + ({grp} + k_m0) * {Kg}, {Kg}, &k_g, "
+              f"k_y + (k_bi / {g}) * {cout * P} + ({grp} + k_m0) * {P}, {P}, k_bias ? k_bias + {grp} + k_m0 : 0);")
+    return block(*head, "#ifdef __AVX512F__", *gemm_tiles(nb * g, cout_g, P, dmr, dnr, ctx, direct),
+                 "#else", *gemm, "#endif")
+
+
+def path(op: Operation) -> str:
+    """Which code a CONV2D takes with AVX-512 (for benchmarks and debugging)."""
+    x, w = op.operands[:2]
+    nb, _, _, _ = _dims4(x.type.shape)
+    _, cout, oh, ow = _dims4(op.results[0].type.shape)
+    kh, kw = w.type.shape[2:]
+    g = op.attrs["groups"]
+    pointwise = (kh, kw) == (1, 1) and tuple(op.attrs["stride"]) == (1, 1) and tuple(op.attrs["padding"]) == (0, 0)
+    if op.results[0].type.dtype is not torch.float32:
+        return "loops"
+    if pointwise and g == 1 and oh * ow < 16:
+        return "dot"
+    if direct_ok(op):
+        return "direct %dx%d" % choose_variant(cout // g, oh * ow)
+    return "im2col %dx%d" % choose_variant(cout // g, nb * oh * ow)
+
+
+def direct_ok(op: Operation) -> bool:
+    """Whether the direct (in-place B) convolution applies: stride 1 and output rows as wide
+    as the input's, so that every output pixel reads its taps at the same offsets."""
+    x, w = op.operands[:2]
+    _, _, _, wd = _dims4(x.type.shape)
+    _, _, _, ow = _dims4(op.results[0].type.shape)
+    kh, kw = w.type.shape[2:]
+    _, _, oh, _ = _dims4(op.results[0].type.shape)
+    # 1x1 convs pack B by plain copies anyway; on tiny images (SkipNet's 7x7) the padded panel
+    # costs the same either way and the packed one reads faster (measured)
+    return (tuple(op.attrs["stride"]) == (1, 1) and ow == wd and kh * kw <= 64 and (kh, kw) != (1, 1)
+            and oh * ow >= 64)
 
 
 def _direct(T, nb, cin, h, wd, cout, oh, ow, cin_g, kh, kw, g, sh, sw, ph, pw, dh, dw, ctx) -> list[str]:

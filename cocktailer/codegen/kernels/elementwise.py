@@ -85,7 +85,7 @@ def _int_unary(kind: Op, x: str, dt: torch.dtype) -> str:
 
 
 def unary_supported(op: Operation) -> bool:
-    src, dst = op.operands[0].type.dtype, op.results[0].type.dtype
+    dst = op.results[0].type.dtype
     if op.op in (Op.CAST, Op.NOT):
         return True
     if is_float(dst):
@@ -93,7 +93,7 @@ def unary_supported(op: Operation) -> bool:
     return op.op in _INT_UNARY and dst is not torch.bool
 
 
-def unary_expr(kind: Op, x: str, src: torch.dtype, dst: torch.dtype, attrs: dict | None = None) -> str:
+def unary_expr(kind: Op, x: str, src: torch.dtype, dst: torch.dtype) -> str:
     """C expression of a unary op on the element `x` (of src's C type), of dst's C type."""
     if kind is Op.CAST:
         return convert(x, src, dst)
@@ -107,7 +107,7 @@ def unary_expr(kind: Op, x: str, src: torch.dtype, dst: torch.dtype, attrs: dict
 
 def render_unary(op: Operation, ctx: KernelContext) -> str:
     src, dst = op.operands[0].type.dtype, op.results[0].type.dtype
-    return map_kernel(ctx, op.results[0], op.operands, lambda xs: unary_expr(op.op, xs[0], src, dst, op.attrs))
+    return map_kernel(ctx, op.results[0], op.operands, lambda xs: unary_expr(op.op, xs[0], src, dst))
 
 
 # -- binary --------------------------------------------------------------------------------
@@ -178,7 +178,11 @@ def render_binary(op: Operation, ctx: KernelContext) -> str:
     out = op.results[0]
     cdt = compute_dtype(op)
     prologue = ""
-    if int_divides(op):   # every worker scans the whole divisor, so all agree on failing
+    if int_divides(op) and tuple(b.type.shape) != tuple(out.type.shape):
+        # Every worker scans the whole (broadcast) divisor, so all agree on failing. A divisor of
+        # the result's shape may still be being written by the other workers (a map op of the
+        # same partition needs no barrier before this one), so it is not scanned: a zero there
+        # gives 0 instead of an error.
         n = numel(b.type.shape)
         prologue = block(f"const {ctype(b.type.dtype)}* k_d = {ctx.ptr(b)};", "int k_zero = 0;",
                          f"for (int64_t k_i = 0; k_i < {n}; ++k_i) k_zero |= k_d[k_i] == 0;",

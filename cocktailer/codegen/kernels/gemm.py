@@ -2,19 +2,29 @@
 
 C[M x N] = A[M x K] @ B[K x N] (+ bias per row), row-major, one worker's tile per call:
 
-- `ck_sgemm_<MR>x<NR>`: Goto-style. A is packed in MC x KC blocks (MR-row panels, k-major),
-  B in KC x NR panels by a packer callback (a plain matrix, or the im2col of a convolution,
-  packed on the fly), and the micro-kernel keeps an MR x NR tile of C in 24 (or 16) vector
-  registers for the whole KC loop. The packed panels live on the worker's stack (<= 160 KiB).
+- `ck_sgemm_<MR>x<NR>`: Goto-style. B is packed once, in KC x NC blocks of NR-wide panels, by a
+  packer callback: a plain matrix, or the im2col of a convolution built on the fly (the images
+  of a batch side by side as columns, so small images waste no padding; AVX-512 masked loads
+  at the image edges). A is packed in MC x KC blocks of MR-row, k-major panels (16 x MR blocks
+  transposed in registers). The micro-kernel keeps an MR x NR tile of C in 24 (8x48) or 16
+  (8x32, 16x16) vector registers for the whole KC loop. When A's rows fit one MC block both
+  operands are packed exactly once; otherwise A is packed again for every NC (then 512)
+  columns.
+- the convolution pieces (im2col packer, direct convolution) are in convgemm.py.
 - `ck_sgemv<m>`: for m < 8 rows, where B is read once anyway: no packing, B streamed row by
-  row, m x (8 x 16) accumulators.
+  row into m x (up to 8 x 16) accumulators.
 
-Vectors are GCC vector extensions of 16 floats: one zmm register with AVX-512, two ymm (or
-four xmm) elsewhere, so the same source is the portable fallback. Micro-kernels are generated
-here (fully unrolled, named accumulators) rather than left to the auto-vectorizer.
+Packed blocks live on the worker's stack: 64 KiB of A and 128 KiB of B (512 KiB when A is
+taller than MC), no allocation. Vectors are GCC vector extensions of 16 floats: one zmm
+register with AVX-512, two ymm (or four xmm) elsewhere, so the same source is the portable
+fallback (tested with -mno-avx512f); AVX-512 intrinsics appear only under `#ifdef
+__AVX512F__`, each with a plain-C alternative. Micro-kernels are generated here (unrolled,
+named accumulators) rather than left to the auto-vectorizer.
 
-Measured (bench/kernels.py) on a 2-core Zen 4, these reach ~85-95 % of the FMA peak at the
-models' GEMM shapes; see the report in bench/kernels.py's docstring.
+Measured with bench/kernels.py (2-core Zen 4, 2 workers, against torch's MKL/oneDNN at 2
+threads): 140-190 GFLOP/s at the models' GEMM shapes (MKL: 110-150), batch-1 GEMVs 2-4x
+faster than torch's; MKL's own sgemm_ called per worker tile was measured too and was never
+faster, so nothing here calls it.
 """
 from __future__ import annotations
 
@@ -22,7 +32,8 @@ VW = 16                       # floats per vector
 KC = 256                      # max depth of one packed block
 MC_BUDGET = 64                # rows of A packed at once (rounded down to a multiple of MR): 64 KiB
 NC_BUDGET = 128               # columns of B packed at once (rounded down to a multiple of NR): 128 KiB
-VARIANTS = ((8, 48), (6, 64), (8, 32), (12, 32), (24, 16))   # (MR, NR) micro-kernels on offer
+NC_BIG = 512                  # ... when A is taller than MC and packed again per block of B: 512 KiB
+VARIANTS = ((8, 48), (8, 32), (16, 16))   # (MR, NR) micro-kernels on offer
 GEMV_ROWS = 7                 # ck_sgemv1 .. ck_sgemv7
 GEMV_VECS = {1: 8, 2: 8, 3: 8, 4: 6, 5: 4, 6: 4, 7: 3}
 
@@ -38,8 +49,9 @@ def nc_of(nr: int) -> int:
 def _ukr(mr: int, nr: int) -> str:
     nv = nr // VW
     acc = [[f"c{r}_{v}" for v in range(nv)] for r in range(mr)]
-    L = [f"static void ck_ukr_{mr}x{nr}(int64_t kc, const float* restrict Ap, const float* restrict Bp, "
-         f"float* restrict C, int64_t ldc, int mr, int nr, int acc, const float* restrict bias) {{"]
+    L = [f"CK_NOIPA static void ck_ukr_{mr}x{nr}(int64_t kc, const float* restrict Ap, const float* restrict Bp, "
+         f"float* C, int64_t ldc, int mr, int nr, int acc, const float* restrict bias, int64_t off, int64_t cols, "
+         f"int64_t cstride) {{"]
     for r in range(mr):
         L.append("  ck_vf " + ", ".join(f"{a} = {{0}}" for a in acc[r]) + ";")
     L.append("  for (int64_t k = 0; k < kc; ++k) {")
@@ -52,7 +64,8 @@ def _ukr(mr: int, nr: int) -> str:
     for r in range(mr):
         L.append(f"    {{ const float t = {r} < mr ? bias[{r}] : 0.0f; " + " ".join(f"{acc[r][v]} += t;" for v in range(nv)) + " }")
     L.append("  }")
-    L.append(f"  if (mr == {mr} && nr == {nr}) {{")
+    L.append(f"  if (mr == {mr} && nr == {nr} && off + {nr} <= cols) {{")
+    L.append("    C += off;")
     L.append("    if (acc) {")
     for r in range(mr):
         L.append("      " + " ".join(f"*(ck_vfu*)(C + {r} * ldc + {v * VW}) += {acc[r][v]};" for v in range(nv)))
@@ -64,29 +77,56 @@ def _ukr(mr: int, nr: int) -> str:
     L.append(f"    float t[{mr * nr}] __attribute__((aligned(64)));")
     for r in range(mr):
         L.append("    " + " ".join(f"*(ck_vf*)(t + {r * nr + v * VW}) = {acc[r][v]};" for v in range(nv)))
-    L.append("    for (int r = 0; r < mr; ++r) {")
-    L.append("      float* c = C + r * ldc; const float* s = t + r * " + str(nr) + ";")
-    L.append("      if (acc) { for (int j = 0; j < nr; ++j) c[j] += s[j]; } else { for (int j = 0; j < nr; ++j) c[j] = s[j]; }")
+    L.append("    /* column j is column off + j of the image row at C, which may run on into the next images */")
+    L.append("    for (int j0 = 0, img = 0, col = (int)off; j0 < nr; ) {")
+    L.append("      while (col >= cols) { col -= (int)cols; ++img; }")
+    L.append("      const int n = (int)CK_MIN(nr - j0, cols - col);")
+    L.append("      for (int r = 0; r < mr; ++r) {")
+    L.append("        float* c = C + r * ldc + img * cstride + col; const float* s = t + r * " + str(nr) + " + j0;")
+    L.append("        if (acc) { for (int j = 0; j < n; ++j) c[j] += s[j]; } else { for (int j = 0; j < n; ++j) c[j] = s[j]; }")
+    L.append("      }")
+    L.append("      j0 += n; col += n;")
     L.append("    }")
     L.append("  }")
     L.append("}")
     return "\n".join(L)
 
 
+def _transpose_block(mr: int) -> list[str]:
+    """C statements: rows v0..v{mr-1} (16 consecutive k each) -> the k-major panel layout
+    ap[k * mr + r], as mr vectors o0..: log2(mr) rounds of zipping vector i with i + mr/2
+    (GCC turns each zip into one two-source permute, vpermt2ps with AVX-512)."""
+    lines, cur, n = [], [f"v{r}" for r in range(mr)], 0
+    while len(cur) > 1 and 2 ** n < mr:
+        h, nxt = mr // 2, []
+        for i in range(h):
+            lo, hi = f"z{n}_{2 * i}", f"z{n}_{2 * i + 1}"
+            lines.append(f"const ck_vf {lo} = __builtin_shuffle({cur[i]}, {cur[i + h]}, ck_zip_lo), "
+                         f"{hi} = __builtin_shuffle({cur[i]}, {cur[i + h]}, ck_zip_hi);")
+            nxt += [lo, hi]
+        cur, n = nxt, n + 1
+    return lines + [f"*(ck_vfu*)(ap + k * {mr} + {16 * o}) = {v};" for o, v in enumerate(cur)]
+
+
 def _packa(mr: int) -> str:
+    """A's rows i..i+mr as a k-major panel: full 16 x mr blocks transposed in registers."""
+    loads = " ".join(f"const ck_vf v{r} = *(const ck_vfu*)(a + {r} * lda + k);" for r in range(mr))
+    body = "\n          ".join(_transpose_block(mr))
     return f"""
-static void ck_packa_{mr}(const float* restrict A, int64_t lda, int64_t mc, int64_t kc, float* restrict Ap) {{
+CK_NOIPA static void ck_packa_{mr}(const float* restrict A, int64_t lda, int64_t mc, int64_t kc, float* restrict Ap) {{
   for (int64_t i = 0; i < mc; i += {mr}) {{
     const int64_t m = CK_MIN({mr}, mc - i);
     float* ap = Ap + i * kc;
     const float* a = A + i * lda;
+    int64_t k = 0;
     if (m == {mr}) {{
-      for (int64_t k = 0; k < kc; ++k)
-        for (int r = 0; r < {mr}; ++r) ap[k * {mr} + r] = a[r * lda + k];
-    }} else {{
-      for (int64_t k = 0; k < kc; ++k)
-        for (int r = 0; r < {mr}; ++r) ap[k * {mr} + r] = r < m ? a[r * lda + k] : 0.0f;
+      for (; k + 16 <= kc; k += 16) {{
+          {loads}
+          {body}
+      }}
     }}
+    for (; k < kc; ++k)
+      for (int r = 0; r < {mr}; ++r) ap[k * {mr} + r] = r < m ? a[r * lda + k] : 0.0f;
   }}
 }}"""
 
@@ -95,50 +135,21 @@ def _packb_mat(nr: int) -> str:
     nv = nr // VW
     full = " ".join(f"*(ck_vf*)(d + {v * VW}) = *(const ck_vfu*)(s + {v * VW});" for v in range(nv))
     return f"""
-static void ck_packb_mat_{nr}(const void* ctx, int64_t k0, int64_t kc, int64_t j0, int64_t nr, float* restrict Bp) {{
+CK_NOIPA static void ck_packb_mat_{nr}(const void* ctx, int64_t k0, int64_t kc, int64_t j0, int64_t nr, float* restrict Bp) {{
   const ck_mat* m = (const ck_mat*)ctx;
-  const float* b = m->p + k0 * m->ld + j0;
-  if (nr == {nr}) {{
+  const int64_t img = j0 / m->cols, col = j0 - img * m->cols;
+  const float* b = m->p + k0 * m->ld + img * m->istride + col;
+  if (nr == {nr} && col + nr <= m->cols) {{
     for (int64_t k = 0; k < kc; ++k) {{ const float* s = b + k * m->ld; float* d = Bp + k * {nr}; {full} }}
-  }} else {{
-    for (int64_t k = 0; k < kc; ++k) {{
-      const float* s = b + k * m->ld; float* d = Bp + k * {nr};
-      for (int64_t j = 0; j < {nr}; ++j) d[j] = j < nr ? s[j] : 0.0f;
+  }} else {{   /* a partial panel, or one that runs on into the next images */
+    int64_t src[{nr}] = {{0}};
+    for (int64_t j = 0, i = img, c = col; j < nr; ++j, ++c) {{
+      if (c == m->cols) {{ c = 0; ++i; }}
+      src[j] = i * m->istride + c;
     }}
-  }}
-}}"""
-
-
-def _packb_conv(nr: int) -> str:
-    """im2col of one panel: rows k = (c, kh, kw) of the weight, columns = output pixels."""
-    return f"""
-static void ck_packb_conv_{nr}(const void* ctx, int64_t k0, int64_t kc, int64_t j0, int64_t nr, float* restrict Bp) {{
-  const ck_conv* g = (const ck_conv*)ctx;
-  const int64_t khw = g->kh * g->kw;
-  /* the panel's pixels as runs along one output row */
-  int64_t run_oh[{nr} + 2], run_ow[{nr} + 2], run_len[{nr} + 2], run_at[{nr} + 2], runs = 0;
-  for (int64_t j = 0; j < nr; ) {{
-    const int64_t p = j0 + j, oh = p / g->ow, ow = p - oh * g->ow, len = CK_MIN(nr - j, g->ow - ow);
-    run_oh[runs] = oh; run_ow[runs] = ow; run_len[runs] = len; run_at[runs] = j; ++runs; j += len;
-  }}
-  for (int64_t k = 0; k < kc; ++k) {{
-    const int64_t kk = k0 + k, c = kk / khw, r = kk - c * khw, ki = r / g->kw, kj = r - ki * g->kw;
-    float* d = Bp + k * {nr};
-    for (int64_t j = nr; j < {nr}; ++j) d[j] = 0.0f;
-    for (int64_t q = 0; q < runs; ++q) {{
-      float* dq = d + run_at[q];
-      const int64_t len = run_len[q], ih = run_oh[q] * g->sh - g->ph + ki * g->dh;
-      if (ih < 0 || ih >= g->h) {{ for (int64_t t = 0; t < len; ++t) dq[t] = 0.0f; continue; }}
-      const float* row = g->x + (c * g->h + ih) * g->w;
-      /* iw = (ow0 + t) * sw + off is inside [0, w) for t in [lo, hi) */
-      const int64_t off = kj * g->dw - g->pw, ow0 = run_ow[q];
-      int64_t lo = 0, hi = len;
-      while (lo < len && (ow0 + lo) * g->sw + off < 0) ++lo;
-      while (hi > lo && (ow0 + hi - 1) * g->sw + off >= g->w) --hi;
-      for (int64_t t = 0; t < lo; ++t) dq[t] = 0.0f;
-      if (g->sw == 1) {{ const float* s = row + ow0 + off; for (int64_t t = lo; t < hi; ++t) dq[t] = s[t]; }}
-      else {{ const float* s = row + ow0 * g->sw + off; for (int64_t t = lo; t < hi; ++t) dq[t] = s[t * g->sw]; }}
-      for (int64_t t = hi; t < len; ++t) dq[t] = 0.0f;
+    for (int64_t k = 0; k < kc; ++k) {{
+      const float* s = m->p + (k0 + k) * m->ld; float* d = Bp + k * {nr};
+      for (int64_t j = 0; j < {nr}; ++j) d[j] = j < nr ? s[src[j]] : 0.0f;
     }}
   }}
 }}"""
@@ -147,36 +158,41 @@ static void ck_packb_conv_{nr}(const void* ctx, int64_t k0, int64_t kc, int64_t 
 def _driver(mr: int, nr: int) -> str:
     """Both operands packed exactly once when A's rows fit one MC block (kb, jc order);
     otherwise B once and A once per NC columns (jc, kb, mb order)."""
-    mc, nc = mc_of(mr), nc_of(nr)
+    mc, nc, nc_big = mc_of(mr), nc_of(nr), NC_BIG // nr * nr
     return f"""
-static void ck_sgemm_{mr}x{nr}(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+CK_NOIPA static void ck_sgemm_{mr}x{nr}(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                               ck_packb_fn packb, const void* bctx, int64_t j0,
-                              float* C, int64_t ldc, const float* bias) {{
+                              float* C, int64_t ldc, int64_t cols, int64_t cstride, const float* bias) {{
+  /* B's block: wider when A is packed again for each block (A taller than MC), so A is read fewer times */
+  const int64_t NC = CK_MIN(M <= {mc} ? {nc} : {nc_big}, (N + {nr} - 1) / {nr} * {nr});
   float Ap[{mc} * {KC}] __attribute__((aligned(64)));
-  float Bb[{KC} * {nc}] __attribute__((aligned(64)));
+  float Bb[{KC} * NC] __attribute__((aligned(64)));
   const int64_t nkb = (K + {KC} - 1) / {KC}, kcb = nkb ? (K + nkb - 1) / nkb : 0;
 #define CK_PACK_B(jc, nc)                                                                     \
   for (int64_t p = 0; p * {nr} < (nc); ++p)                                                    \
     packb(bctx, kb, kc, j0 + (jc) + p * {nr}, CK_MIN({nr}, (nc) - p * {nr}), Bb + p * kc * {nr});
-#define CK_BLOCK(mb, mc, jc, nc)                                                              \
-  for (int64_t p = 0; p * {nr} < (nc); ++p)                                                    \
-    for (int64_t i = 0; i < (mc); i += {mr})                                                   \
-      ck_ukr_{mr}x{nr}(kc, Ap + i * kc, Bb + p * kc * {nr}, C + ((mb) + i) * ldc + (jc) + p * {nr}, ldc, \
-                      (int)CK_MIN({mr}, (mc) - i), (int)CK_MIN({nr}, (nc) - p * {nr}), kb > 0,   \
-                      bias ? bias + (mb) + i : 0);
+#define CK_BLOCK(mb, mc, jc, nc)                                                              \\
+  for (int64_t p = 0; p * {nr} < (nc); ++p) {{                                                 \\
+    const int64_t J = j0 + (jc) + p * {nr};   /* global column: image J / cols, column J % cols */ \\
+    float* row0 = C + (J / cols) * cstride;                                                   \\
+    for (int64_t i = 0; i < (mc); i += {mr})                                                   \\
+      ck_ukr_{mr}x{nr}(kc, Ap + i * kc, Bb + p * kc * {nr}, row0 + ((mb) + i) * ldc, ldc,        \\
+                      (int)CK_MIN({mr}, (mc) - i), (int)CK_MIN({nr}, (nc) - p * {nr}), kb > 0,   \\
+                      bias ? bias + (mb) + i : 0, J % cols, cols, cstride);                     \\
+  }}
   if (M <= {mc}) {{
     for (int64_t kb = 0; kb < K; kb += kcb) {{
       const int64_t kc = CK_MIN(kcb, K - kb);
       ck_packa_{mr}(A + kb, lda, M, kc, Ap);
-      for (int64_t jc = 0; jc < N; jc += {nc}) {{
-        const int64_t nc = CK_MIN({nc}, N - jc);
+      for (int64_t jc = 0; jc < N; jc += NC) {{
+        const int64_t nc = CK_MIN(NC, N - jc);
         CK_PACK_B(jc, nc)
         CK_BLOCK(0, M, jc, nc)
       }}
     }}
   }} else {{
-    for (int64_t jc = 0; jc < N; jc += {nc}) {{
-      const int64_t nc = CK_MIN({nc}, N - jc);
+    for (int64_t jc = 0; jc < N; jc += NC) {{
+      const int64_t nc = CK_MIN(NC, N - jc);
       for (int64_t kb = 0; kb < K; kb += kcb) {{
         const int64_t kc = CK_MIN(kcb, K - kb);
         CK_PACK_B(jc, nc)
@@ -210,15 +226,21 @@ def _gemv(m: int) -> str:
             L.append("    " + " ".join(f"*(ck_vfu*)(C + {r} * ldc + j + {v * VW}) = {acc[r][v]};" for v in range(nvec)))
         return L
 
-    L = [f"static void ck_sgemv{m}(int64_t K, const float* restrict A, int64_t lda, const float* restrict B, int64_t ldb,",
+    L = [f"CK_NOIPA static void ck_sgemv{m}(int64_t K, const float* restrict A, int64_t lda, const float* restrict B, int64_t ldb,",
          "                       float* restrict C, int64_t ldc, int64_t n) {",
          "  int64_t j = 0;",
          f"  for (; j + {nv * VW} <= n; j += {nv * VW}) {{"]
     L += block(nv)
     L.append("  }")
-    L.append(f"  for (; j + {VW} <= n; j += {VW}) {{")
-    L += block(1)
-    L.append("  }")
+    if nv > 1:   # the whole vectors left, as one block: independent accumulators, not one chain each
+        L.append(f"  switch ((n - j) / {VW}) {{")
+        for k in range(1, nv):
+            L.append(f"  case {k}: {{")
+            L += block(k)
+            L.append(f"    j += {k * VW}; break;")
+            L.append("  }")
+        L.append("  default: break;")
+        L.append("  }")
     L.append("  if (j < n) {")
     L.append(f"    float t[{m}][{VW}] = {{{{0}}}};")
     L.append("    const int64_t nt = n - j;")
@@ -233,13 +255,23 @@ def _gemv(m: int) -> str:
 
 
 _HEADER = r"""
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+/* Not inlined nor specialized on constant arguments: with the strides of C known, GCC's
+   predictive commoning sees rows of C meet at a fixed distance and keeps values of C in
+   registers across iterations, storing back stale values into columns another worker owns
+   (a store data race it invents). Opaque strides keep every store where the source puts it. */
+#define CK_NOIPA __attribute__((noipa))
 typedef float ck_vf __attribute__((vector_size(64), aligned(64), may_alias));
 typedef float ck_vfu __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int32_t ck_vi __attribute__((vector_size(64)));
+static const ck_vi ck_zip_lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+static const ck_vi ck_zip_hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 /* fills Bp[kc][NR] with rows k0.. and columns j0..j0+nr of B (zeros beyond nr) */
 typedef void (*ck_packb_fn)(const void* ctx, int64_t k0, int64_t kc, int64_t j0, int64_t nr, float* restrict Bp);
-typedef struct { const float* p; int64_t ld; } ck_mat;
-/* one image of a convolution's input, seen as the K x (oh*ow) im2col matrix */
-typedef struct { const float* x; int64_t h, w, kh, kw, sh, sw, ph, pw, dh, dw, ow; } ck_conv;
+/* B[k][J] = p[k * ld + (J / cols) * istride + J % cols]: a matrix, or the images of a batch side by side */
+typedef struct { const float* p; int64_t ld, cols, istride; } ck_mat;
 """
 
 
@@ -249,7 +281,6 @@ def _build() -> str:
         parts.append(_packa(mr))
     for nr in sorted({nr for _, nr in VARIANTS}):
         parts.append(_packb_mat(nr))
-        parts.append(_packb_conv(nr))
     for mr, nr in VARIANTS:
         parts.append(_ukr(mr, nr))
         parts.append(_driver(mr, nr))

@@ -44,6 +44,18 @@ def _geometry(op: Operation):
     return batch, sta, stb, M, K, N
 
 
+def path(op: Operation) -> str:
+    """Which code a MATMUL takes (for benchmarks and debugging)."""
+    batch, _, _, M, K, N = _geometry(op)
+    if op.results[0].type.dtype is not torch.float32:
+        return "loops"
+    if N < 16:
+        return "dot"
+    if M <= GEMV_ROWS:
+        return "gemv"
+    return "gemm %dx%d" % choose_variant(M, N)
+
+
 def render_matmul(op: Operation, ctx: KernelContext) -> str:
     a, b = op.operands
     out = op.results[0]
@@ -103,28 +115,39 @@ def _gemv(nb, M, K, N, a_off, b_off, ctx) -> list[str]:
 
 
 def gemm_tiles(nb: int, M: int, N: int, mr: int, nr: int, ctx: KernelContext, call: str) -> list[str]:
-    """Split (batch item, row block, NR-wide column panel) units over the workers and run
-    `call` once per contiguous run of panels; `call` sees k_bi, k_m0, k_m1, k_n0, k_n1."""
+    """Split the GEMMs of nb batch items over the workers and run `call` once per contiguous
+    piece, which sees k_bi (batch item), rows [k_m0, k_m1) and columns [k_n0, k_n1).
+
+    Units are (batch item, row chunk, column unit); a worker takes a contiguous range. Many
+    items: whole items (nothing packed twice). Else, A taller than B is wide: row chunks of MR
+    rows (each worker reads only its rows of A, which dominate the traffic). Else NR-wide
+    column panels (each worker packs only its part of B), and row chunks too if that is not
+    enough to go round."""
     np_, mb = -(-N // nr), -(-M // mr)
-    return [f"int64_t k_rc = 1;",
-            f"if ({nb * np_} < {ctx.workers}) k_rc = CK_MIN({mb}, ({ctx.workers} + {nb * np_ - 1}) / {nb * np_});",
-            f"const int64_t k_units = {nb * np_} * k_rc;",
-            f"const int64_t k_lo = k_units * {ctx.worker} / {ctx.workers}, k_hi = k_units * ({ctx.worker} + 1) / {ctx.workers};",
+    W = ctx.workers
+    return [f"int64_t k_rc = 1, k_pu = {np_};",
+            f"if ({nb} >= 4 * {W}) k_pu = 1;",
+            f"else if ({M} >= 2 * {N} && {nb * mb} >= {W}) {{ k_rc = {mb}; k_pu = 1; }}",
+            f"else if ({nb * np_} < {W}) k_rc = CK_MIN({mb}, ({W} + {nb * np_ - 1}) / {nb * np_});",
+            f"const int64_t k_units = {nb} * k_rc * k_pu;",
+            f"const int64_t k_lo = k_units * {ctx.worker} / {W}, k_hi = k_units * ({ctx.worker} + 1) / {W};",
             "for (int64_t k_u = k_lo; k_u < k_hi; ) {",
-            f"const int64_t k_bi = k_u / (k_rc * {np_}), k_rem = k_u - k_bi * k_rc * {np_};",
-            f"const int64_t k_ri = k_rem / {np_}, k_p0 = k_rem - k_ri * {np_}, k_p1 = CK_MIN({np_}, k_p0 + (k_hi - k_u));",
-            f"const int64_t k_m0 = {mb} * k_ri / k_rc * {mr}, k_m1 = CK_MIN({M}, {mb} * (k_ri + 1) / k_rc * {mr});",
-            f"const int64_t k_n0 = k_p0 * {nr}, k_n1 = CK_MIN({N}, k_p1 * {nr});",
+            "const int64_t k_bi = k_u / (k_rc * k_pu), k_rem = k_u - k_bi * k_rc * k_pu;",
+            "const int64_t k_ri = k_rem / k_pu, k_p0 = k_rem - k_ri * k_pu;",
+            "int64_t k_r1 = k_ri + 1, k_p1 = k_p0 + 1;   /* extend over the following units of this item */",
+            "if (k_pu > 1) k_p1 = CK_MIN(k_pu, k_p0 + (k_hi - k_u)); else k_r1 = CK_MIN(k_rc, k_ri + (k_hi - k_u));",
+            f"const int64_t k_m0 = {mb} * k_ri / k_rc * {mr}, k_m1 = CK_MIN({M}, {mb} * k_r1 / k_rc * {mr});",
+            f"const int64_t k_n0 = k_pu > 1 ? k_p0 * {nr} : 0, k_n1 = k_pu > 1 ? CK_MIN({N}, k_p1 * {nr}) : {N};",
             "if (k_m0 < k_m1) {", call, "}",
-            "k_u += k_p1 - k_p0;",
+            "k_u += (k_r1 - k_ri) * (k_p1 - k_p0);",
             "}"]
 
 
 def _gemm(nb, M, K, N, a_off, b_off, ctx) -> list[str]:
     mr, nr = choose_variant(M, N)
-    call = (f"const ck_mat k_bm = {{ k_b + {b_off}, {N} }};\n"
+    call = (f"const ck_mat k_bm = {{ k_b + {b_off}, {N}, {N}, 0 }};\n"
             f"ck_sgemm_{mr}x{nr}(k_m1 - k_m0, k_n1 - k_n0, {K}, k_a + {a_off} + k_m0 * {K}, {K}, ck_packb_mat_{nr}, &k_bm, "
-            f"k_n0, k_c + k_bi * {M * N} + k_m0 * {N} + k_n0, {N}, 0);")
+            f"k_n0, k_c + k_bi * {M * N} + k_m0 * {N}, {N}, {N}, 0, 0);")
     return gemm_tiles(nb, M, N, mr, nr, ctx, call)
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from cocktailer.codegen.kernels.common import (block, broadcast_strides, collapse, convert, grain, numel,
+from cocktailer.codegen.kernels.common import (block, broadcast_strides, collapse, convert, grain, map_kernel, numel,
                                                offset_expr, split, strided_copy, strides_of)
 from cocktailer.codegen.kernels.context import KernelContext, ctype
-from cocktailer.ir import Op, Operation, Value
+from cocktailer.ir import Operation, Value
 
 INT_INDEX = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -33,7 +33,6 @@ def render_reshape(op: Operation, ctx: KernelContext) -> str:
 
 
 def render_expand(op: Operation, ctx: KernelContext) -> str:
-    from cocktailer.codegen.kernels.common import map_kernel
     return map_kernel(ctx, op.results[0], op.operands, lambda xs: xs[0])
 
 

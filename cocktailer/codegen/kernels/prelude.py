@@ -4,10 +4,12 @@ Everything here is `static` (each generated file has its own copy) and prefixed 
 The math functions are written without branches so GCC vectorizes the loops that call
 them (`#pragma omp simd`); glibc's scalar expf/tanhf would keep those loops scalar. Their
 error is within ~2 ulp of the correctly rounded value (torch's own vectorized versions, Sleef,
-are within 1 ulp), and inf/nan/overflow/underflow come out as torch's do.
+are within 1 ulp), and inf/nan/overflow/underflow come out as torch's do. Compile with
+-fno-math-errno (the CPU backend does) so that loops calling sqrtf/floorf vectorize too.
 """
 from __future__ import annotations
 
+from cocktailer.codegen.kernels.convgemm import CONV_C
 from cocktailer.codegen.kernels.gemm import GEMM_C
 
 _BASE = r"""
@@ -15,8 +17,6 @@ _BASE = r"""
 #include <string.h>
 #include <math.h>
 #include <omp.h>
-/* sqrtf & co. never set errno here, so loops calling them vectorize */
-#pragma GCC optimize("no-math-errno")
 
 #define CK_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define CK_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -92,14 +92,15 @@ static inline double ck_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 CK_FLOORDIV_FLOAT(float, fmodf, floorf, copysignf)
 CK_FLOORDIV_FLOAT(double, fmod, floor, copysign)
 
-/* integer floor division and modulo (b != 0 is checked before) */
+/* integer floor division and modulo; a zero divisor gives 0 (kernels check for it where they can) */
 static inline int64_t ck_floordiv_i64(int64_t a, int64_t b) {
+  if (b == 0) return 0;
   if (b == -1) return (int64_t)(0 - (uint64_t)a);
   int64_t q = a / b, r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;
 }
 static inline int64_t ck_mod_i64(int64_t a, int64_t b) {
-  if (b == -1) return 0;
+  if (b == 0 || b == -1) return 0;
   int64_t r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
@@ -113,4 +114,4 @@ static inline int64_t ck_powi(int64_t a, int64_t b) {
 }
 """
 
-PRELUDE = _BASE + GEMM_C
+PRELUDE = _BASE + GEMM_C + CONV_C

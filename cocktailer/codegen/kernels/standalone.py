@@ -4,9 +4,15 @@ kernels apart from the backend core (which renders whole programs).
     lib = Library([op1, op2, ...])          # renders, compiles (cached by source hash), loads
     err = lib.run(0, [a, b, out], workers=2)  # tensors: operands then the result, contiguous
 
-Kernel i becomes `void run_<i>(void** bufs, int64_t* err, int nthreads)`: a
-`#pragma omp parallel num_threads(nthreads)` region around the kernel; buffers are bound
-by data_ptr(). `err` is 0, or 1 + the index of the failed check in `messages[i]`.
+Kernel i becomes `void run_<i>(void** bufs, int64_t* err, int nthreads, int reps, int poison,
+double* cpu)`: a `#pragma omp parallel num_threads(nthreads)` region that runs the kernel `reps`
+times with a barrier before and after each, as between the ops of a compiled program. With
+`poison` the result is overwritten (0x7f bytes) before every repetition but the first, so that
+a worker writing outside its share -- even a compiler-invented store of a stale value -- may
+race with the worker that owns those elements and show in the result. With `cpu` (non-NULL),
+cpu[w] receives the CPU time worker w spent inside the kernel over all repetitions.
+Buffers are bound by data_ptr(). `err` is 0, or 1 + the index of the failed check in
+`messages[i]`.
 """
 from __future__ import annotations
 
@@ -24,13 +30,26 @@ from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.ir import Operation, Value
 
 CC = os.environ.get("CC", "gcc")
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+try:   # the flags the CPU backend compiles whole programs with
+    from cocktailer.runtime.compiler import FLAGS as CFLAGS
+except ImportError:
+    CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-fno-math-errno")
 CACHE = os.path.join(tempfile.gettempdir(), "cocktailer-kernels")
+
+
+_CLOCK = r"""
+#include <time.h>
+static double ck_thread_seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+"""
 
 
 def render(ops: Sequence[Operation]) -> tuple[str, list[list[str]]]:
     """C source with one `run_<i>` per op, and the run-time error messages of each."""
-    parts, messages = [PRELUDE], []
+    parts, messages = [PRELUDE, _CLOCK], []
     for i, op in enumerate(ops):
         msgs: list[str] = []
         messages.append(msgs)
@@ -46,10 +65,21 @@ def render(ops: Sequence[Operation]) -> tuple[str, list[list[str]]]:
         names = iter(range(1 << 30))
         ctx = KernelContext(ptr=ptr, worker="w", workers="W", fail=fail, fresh=lambda p, n=names: f"{p}_{next(n)}")
         body = KERNELS[op.op](op, ctx)
-        parts.append(f"void run_{i}(void** bufs, int64_t* err, int nthreads) {{\n"
+        out = op.results[0]
+        nbytes, slot = out.type.numel * out.type.dtype.itemsize, slots[out.id]
+        parts.append(f"void run_{i}(void** bufs, int64_t* err, int nthreads, int reps, int poison, double* cpu) {{\n"
                      f"#pragma omp parallel num_threads(nthreads)\n{{\n"
                      f"const int w = omp_get_thread_num(); const int W = omp_get_num_threads();\n"
-                     f"{{\n{body}\n}}\ngoto ct_fail; ct_fail: ;\n}}\n}}\n")
+                     f"double busy = 0;\n"
+                     f"for (int rep = 0; rep < reps; ++rep) {{\n"
+                     f"if (poison && rep > 0 && w == 0) memset(bufs[{slot}], 0x7f, {nbytes});\n"
+                     f"#pragma omp barrier\n"
+                     f"const double t0 = cpu ? ck_thread_seconds() : 0;\n"
+                     f"{{\n{body}\n}}\n"
+                     f"if (cpu) busy += ck_thread_seconds() - t0;\n"
+                     f"#pragma omp barrier\n"
+                     f"}}\ngoto ct_fail; ct_fail: ;\n"
+                     f"if (cpu) cpu[w] = busy;\n}}\n}}\n")
     return "\n".join(parts), messages
 
 
@@ -79,20 +109,23 @@ class Library:
         self.lib = ctypes.CDLL(self.path)
         self._fns = [getattr(self.lib, f"run_{i}") for i in range(len(self.ops))]
 
-    def bind(self, i: int, tensors: Sequence[torch.Tensor], workers: int):
-        """A no-argument callable running kernel i on `tensors`; returns the error code."""
+    def bind(self, i: int, tensors: Sequence[torch.Tensor], workers: int, reps: int = 1, poison: bool = True,
+             cpu: "ctypes.Array | None" = None):
+        """A no-argument callable running kernel i on `tensors` (the result last) `reps` times
+        in one parallel region; returns the error code. `cpu`: a ctypes double array of
+        `workers` entries that receives each worker's CPU seconds inside the kernel."""
         for t in tensors:
             assert t.is_contiguous()
         bufs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
         err = (ctypes.c_int64 * 1)(0)
-        fn, nt = self._fns[i], ctypes.c_int(workers)
+        fn, nt, nr, np_ = self._fns[i], ctypes.c_int(workers), ctypes.c_int(reps), ctypes.c_int(int(poison))
 
         def call() -> int:
             err[0] = 0
-            fn(bufs, err, nt)
+            fn(bufs, err, nt, nr, np_, cpu)
             return err[0]
-        call.keepalive = (bufs, err, tensors)
+        call.keepalive = (bufs, err, tensors, cpu)
         return call
 
-    def run(self, i: int, tensors: Sequence[torch.Tensor], workers: int = 2) -> int:
-        return self.bind(i, tensors, workers)()
+    def run(self, i: int, tensors: Sequence[torch.Tensor], workers: int = 2, reps: int = 1) -> int:
+        return self.bind(i, tensors, workers, reps)()
