@@ -82,12 +82,6 @@ class Rendered:
     entry: str = "cocktailer_run"   # the C function to call
 
 
-@dataclass
-class _Frame:
-    """How C code addresses the values of the function being rendered."""
-    base: str   # "arena" or "fp"
-
-
 class Renderer:
     def __init__(self, uprogram: UProgram, plan: MemoryPlan, dialect: Dialect = CPU, entry: str = "cocktailer_run"):
         self.entry = entry
@@ -99,7 +93,6 @@ class Renderer:
         self.errors: list[str] = []
         self.names = 0
         self.sites: dict[str, list[int]] = {}   # callee -> call-site ids
-        self.frame = _Frame("arena")
         self.kernels: dict[str, str] = {}        # kernel body -> the C function that runs it
         self.signatures: dict[str, int] = {}     # function -> number of buffer arguments
 

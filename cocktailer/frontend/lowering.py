@@ -554,10 +554,10 @@ def _gru_cell(L, x, h, w_ih, w_hh, b_ih=None, b_hh=None):
     return L.elementwise(Op.ADD, n, L.elementwise(Op.MUL, z, L.elementwise(Op.SUB, h, n)))
 
 
-@register("rnn_tanh_cell", "rnn_relu_cell")
+@register("rnn_tanh_cell")
 def _rnn_cell(L, x, h, w_ih, w_hh, b_ih=None, b_hh=None):
     pre = L.elementwise(Op.ADD, L.linear(x, w_ih, b_ih), L.linear(h, w_hh, b_hh))
-    return L.elementwise(Op.TANH, pre)   # rnn_relu_cell is registered separately below
+    return L.elementwise(Op.TANH, pre)
 
 
 register("rnn_relu_cell")(lambda L, x, h, w_ih, w_hh, b_ih=None, b_hh=None: L.elementwise(

@@ -19,7 +19,6 @@ from cocktailer.schedule.device import Device
 from cocktailer.schedule.memory import MemoryPlan
 from cocktailer.schedule.utask import Barrier, Block, BranchUTask, LoopUTask, UOperator, UProgram, UTaskRef
 
-LEVELS = ("L0", "L1", "L2", "host")
 MAP_OPS = UNARY | BINARY | {Op.WHERE, Op.FULL}
 
 
