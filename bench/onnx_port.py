@@ -14,9 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
-import logging
 import re
-import warnings
 
 import torch
 
@@ -132,12 +130,7 @@ def _feed(session, subject: Subject) -> dict:
 
 @contextlib.contextmanager
 def _quiet():
-    """The exporters print progress, warnings and log lines; the benchmark's output is its table."""
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-            contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
-        logging.disable(logging.WARNING)
-        try:
-            yield
-        finally:
-            logging.disable(logging.NOTSET)
+    """The exporters also print progress; the benchmark's output is its table."""
+    from bench.runner import quiet   # runner imports the systems, which import this module
+    with quiet(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield

@@ -93,8 +93,9 @@ class CompiledFunction:
         self.chosen = backend        # with "auto": the backend the last specialization used
         self.frozen = False   # compile_traced: no other specialization may be compiled
 
-    def _key(self, args, kwargs) -> tuple:
-        leaves, _ = pytree.flatten((args, kwargs))
+    def _key(self, args, kwargs, leaves: list | None = None) -> tuple:
+        if leaves is None:
+            leaves, _ = pytree.flatten((args, kwargs))
         return tuple(_leaf_key(x) for x in leaves)
 
     def _bind(self, args, kwargs) -> tuple[tuple, dict]:
@@ -107,8 +108,8 @@ class CompiledFunction:
         args, kwargs = self._bind(args, kwargs)
         return self._entry(args, kwargs)[0]
 
-    def _entry(self, args, kwargs) -> tuple[Program, Callable]:
-        key = self._key(args, kwargs)
+    def _entry(self, args, kwargs, leaves: list | None = None) -> tuple[Program, Callable]:
+        key = self._key(args, kwargs, leaves)
         entry = self.cache.get(key)
         if entry is None:
             if self.frozen:
@@ -126,9 +127,9 @@ class CompiledFunction:
                 self._warned_grad = True
             return self.fn(*args, **kwargs)
         args, kwargs = self._bind(args, kwargs)
-        program, run = self._entry(args, kwargs)
-        refresh_derived(program)
         leaves, _ = pytree.flatten((args, kwargs))
+        program, run = self._entry(args, kwargs, leaves)
+        refresh_derived(program)
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         results = run(tensors)
         for n, value in zip(program.inputs_written, results[len(results) - len(program.inputs_written):]):
@@ -141,15 +142,14 @@ class CompiledFunction:
         """The backend's executable for `program`. "auto" takes the first backend in AUTO_ORDER
         that can run it; a native backend without a C compiler falls back to the reference
         backend with one warning."""
-        if self.backend != "auto":
-            if self.backend in NATIVE and find_compiler() is None:
-                _warn_once("no C compiler found (set CC or install gcc): running the reference backend instead")
-                return ReferenceExecutor(program)
-            return self._backend(self.backend, program)
-        for name in AUTO_ORDER:
+        candidates = AUTO_ORDER if self.backend == "auto" else [self.backend, "reference"]
+        for name in candidates:
             if name in NATIVE and find_compiler() is None:
                 _warn_once("no C compiler found (set CC or install gcc): running the reference backend instead")
                 continue
+            if self.backend != "auto" and name == self.backend:
+                self.chosen = name
+                return self._backend(name, program)   # an explicitly chosen backend's errors are the user's
             try:
                 executable = self._backend(name, program)
             except BackendUnavailable:

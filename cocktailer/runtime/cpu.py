@@ -24,12 +24,17 @@ def unsupported_ops(program: Program) -> list[str]:
                    and not kernels.supported(op)})
 
 
-def cpu_backend(program: Program, workers: int | None = None, max_depth: int = DEFAULT_MAX_DEPTH) -> CompiledProgram:
+def check_native(program: Program, backend: str):
+    """Raise BackendUnavailable unless a native CPU backend can run every op of `program`."""
     if program.device.type != "cpu":
-        raise BackendUnavailable(f"the cpu backend runs CPU tensors; these are on {program.device}")
+        raise BackendUnavailable(f"the {backend} backend runs CPU tensors; these are on {program.device}")
     missing = unsupported_ops(program)
     if missing:
         raise BackendUnavailable(f"no native kernel for: {'; '.join(missing)}")
+
+
+def cpu_backend(program: Program, workers: int | None = None, max_depth: int = DEFAULT_MAX_DEPTH) -> CompiledProgram:
+    check_native(program, "cpu")
     device = Device.cpu(workers or useful_workers(program, Device.cpu().workers))
     plan = plan_memory(program)
     uprogram = SimplePolicy(device, can_run_natively=kernels.supported).schedule(program, plan, "L1")

@@ -8,7 +8,7 @@ from cocktailer.codegen.renderer import CPU, assemble, render
 from cocktailer.ir import Function, Op, Operation, Program, Region, Value
 from cocktailer.reference.executor import ReferenceExecutor
 from cocktailer.runtime.compiler import compile_shared_library
-from cocktailer.runtime.cpu import BackendUnavailable, unsupported_ops
+from cocktailer.runtime.cpu import check_native
 from cocktailer.runtime.native import CompiledProgram
 from cocktailer.schedule import Device, SimplePolicy
 from cocktailer.schedule.memory import plan_memory
@@ -61,11 +61,7 @@ def _segments(region: Region, users: dict[int, set[int]]) -> list:
 class HostExecutor(ReferenceExecutor):
     def __init__(self, program: Program, workers: int | None = None):
         super().__init__(program)
-        if program.device.type != "cpu":
-            raise BackendUnavailable(f"the host backend runs CPU tensors; these are on {program.device}")
-        missing = unsupported_ops(program)
-        if missing:
-            raise BackendUnavailable(f"no native kernel for: {'; '.join(missing)}")
+        check_native(program, "host")
         self.segments: dict[int, list] = {}
         for fn in program.functions.values():
             users = _uses_outside(fn)
