@@ -20,7 +20,7 @@ def write(data: dict, out: pathlib.Path) -> str:
 
 
 def markdown(data: dict, notes: list[str] = ()) -> str:
-    parts = [_header(data), _matrix(data), _details(data), _roofline_table(data)]
+    parts = [_header(data), _matrix(data), _details(data), _compile_table(data), _roofline_table(data)]
     if notes:
         parts.append("\n".join(f"- {n}" for n in notes))
     return "\n\n".join(p for p in parts if p) + "\n"
@@ -148,6 +148,20 @@ def _detail_cells(systems: dict, name: str) -> list[str]:
     note = str(e.get("info", {}).get("note", "")).replace("|", "/")
     return [cell(e), spread, str(e["runs"]), _fmt(speedup_over_fastest_peer(systems, name), "×"),
             _fmt(ratio_to_traced(systems, name), "×"), _fmt(e.get("roofline_fraction"), "", pct=True), note]
+
+
+def _compile_table(data: dict) -> str:
+    """Compile times of the native backends: cold (empty library cache) and cached."""
+    rows = [f"| {w['model']} | {w['batch']} | {name} | {e['info']['compile_cold_s']:.3g} | "
+            f"{e['info']['compile_cached_s']:.3g} |"
+            for w in data["workloads"].values() for name, e in w.get("systems", {}).items()
+            if "compile_cold_s" in e.get("info", {})]
+    if not rows:
+        return ""
+    return "\n".join(["## Compile time (s)", "",
+                      "cold: into an empty library cache (capture, passes, schedule, code generation, C compiler); "
+                      "cached: the same model compiled again with its library on disk", "",
+                      "| model | batch | system | cold s | cached s |", "|---|---|---|---|---|", *rows])
 
 
 def _roofline_table(data: dict) -> str:

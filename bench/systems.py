@@ -8,13 +8,19 @@ straight-line graph run op by op with torch, i.e. eager without control flow.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 import cocktailer
+from cocktailer.api import NATIVE
+from cocktailer.runtime.compiler import CACHE_VARIABLE
 from bench.status import Missing, Unsupported, describe
 from bench.subject import Subject
 
@@ -139,25 +145,51 @@ def _onnxruntime(subject: Subject) -> Prepared:
 
 def _cocktailer(backend: str) -> Callable[[Subject], Prepared]:
     def prepare(subject: Subject) -> Prepared:
-        try:
-            fast = cocktailer.compile(subject.model, subject.inputs, backend=backend)
-        except cocktailer.UnsupportedError as exc:
-            raise Unsupported(f"cocktailer: {describe(exc)}") from exc
+        build = lambda: cocktailer.compile(subject.model, subject.inputs, backend=backend)
+        fast, times = _compile_times(build, backend)
         inputs = subject.inputs
-        return Prepared(lambda: fast(*inputs))
+        return Prepared(lambda: fast(*inputs), info=lambda: times)
     return prepare
 
 
 def _traced(backend: str) -> Callable[[Subject], Prepared]:
     def prepare(subject: Subject) -> Prepared:
-        traced = subject.traced if backend == "reference" else _compile_traced(subject, backend)
+        if backend == "reference":
+            traced, times = subject.traced, {}
+        else:
+            build = lambda: cocktailer.compile_traced(subject.model, subject.inputs, backend=backend)
+            traced, times = _compile_times(build, backend)
         inputs = subject.inputs
-        return Prepared(lambda: traced(*inputs))
+        return Prepared(lambda: traced(*inputs), info=lambda: times)
     return prepare
 
 
-def _compile_traced(subject: Subject, backend: str):
+def _compile_times(build: Callable[[], Any], backend: str) -> tuple[Any, dict]:
+    """Build twice and time both: cold, into an empty library cache (capture, passes,
+    schedule, code generation and the C compiler), then cached, the same model compiled again
+    with its library already on disk. The second build is the one that runs."""
     try:
-        return cocktailer.compile_traced(subject.model, subject.inputs, backend=backend)
+        if backend not in NATIVE:
+            return build(), {}
+        with tempfile.TemporaryDirectory(prefix="cocktailer-bench-") as cache, _environ(CACHE_VARIABLE, cache):
+            start = time.perf_counter()
+            build()
+            cold = time.perf_counter() - start
+            start = time.perf_counter()
+            compiled = build()
+            return compiled, {"compile_cold_s": cold, "compile_cached_s": time.perf_counter() - start}
     except cocktailer.UnsupportedError as exc:
         raise Unsupported(f"cocktailer: {describe(exc)}") from exc
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str):
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved

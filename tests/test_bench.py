@@ -15,6 +15,7 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # bench/ is a top-level package
 
 import cocktailer  # noqa: E402
+from cocktailer.runtime.compiler import find_compiler  # noqa: E402
 from bench import roofline, status  # noqa: E402
 from bench.runner import RunConfig, run  # noqa: E402
 from bench.timing import Budget  # noqa: E402
@@ -139,6 +140,17 @@ def test_every_system_checked_against_eager_before_timing(quick_run):
     loop = data["workloads"]["loopbranch/b1"]["systems"]
     assert loop["eager"]["status"] == loop["cocktailer:reference"]["status"] == status.OK
     assert loop["traced:reference"]["status"] == status.OK
+
+
+def test_native_backends_report_cold_and_cached_compile_times(quick_run):
+    out, data = quick_run
+    if find_compiler() is None:
+        pytest.skip("no C compiler: the native backends fall back to the reference backend")
+    for name in ("cocktailer:cpu", "traced:cpu", "cocktailer:host"):
+        info = data["workloads"]["loopbranch/b1"]["systems"][name]["info"]
+        assert info["compile_cold_s"] > 0 and info["compile_cached_s"] > 0, name
+    assert "compile_cold_s" not in data["workloads"]["loopbranch/b1"]["systems"]["cocktailer:reference"]["info"]
+    assert "## Compile time (s)" in (out / "table.md").read_text()
 
 
 def test_unsupported_and_missing_have_reasons(quick_run):

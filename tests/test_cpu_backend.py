@@ -186,3 +186,16 @@ def test_repeated_calls_give_identical_results_with_two_workers():
         results = [fast(*w.inputs) for _ in range(300)]
     assert all(torch.equal(r, results[0]) for r in results)
     torch.testing.assert_close(results[0], expected, rtol=RTOL, atol=ATOL)
+
+
+def test_long_skeleton_compiled_without_optimizing_it(monkeypatch):
+    """A traced graph's skeleton (tens of thousands of kernel calls) is compiled at -O0 so GCC
+    finishes; its results stay the same. The threshold is lowered to reach it with a small model."""
+    from cocktailer.codegen import renderer
+    monkeypatch.setattr(renderer, "SKELETON_OPTIMIZE_LINES", 50)
+    w = models.make("lstm", batch=2, size="small", seed=0)
+    traced = cocktailer.compile_traced(w.model, w.inputs, backend="cpu")
+    (_, compiled), = traced.cache.values()
+    assert compiled.rendered.source.count('__attribute__((optimize("O0"))) int64_t cocktailer_run(') == 1
+    with torch.no_grad():
+        assert_same(traced(*w.inputs), w.model(*w.inputs), RTOL, ATOL, path="lstm")

@@ -290,12 +290,22 @@ class Renderer:
         self.emit("  }")
         self.emit("  return err[0];")
         self.emit("}")
+        if len(self.lines) > SKELETON_OPTIMIZE_LINES:
+            self.lines[0] = '__attribute__((optimize("O0"))) ' + self.lines[0]
         functions = []
         for body, name in self.kernels.items():
             params = "".join(f"char* a{k}, " for k in range(self.signatures[name]))
             functions.append(f"__attribute__((noinline)) static int {name}({params}int w, int W, int64_t* err) {{\n"
                              f"{body}\nreturn 0;\n}}")
         return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry)
+
+
+# The entry function is the program's skeleton: kernel calls, barriers and control flow; the
+# kernels are separate functions. A traced graph unrolls into tens of thousands of calls, and
+# GCC's time on one function that long grows superlinearly (the 50,000-call NASRNN skeleton:
+# over 5 minutes at -O1, 42 s at -O0); what the optimizer saves in a skeleton is a few
+# instructions per kernel call (the 15,000-call LSTM skeleton ran within the noise of -O3).
+SKELETON_OPTIMIZE_LINES = 5000
 
 
 # Workers run the same kernels concurrently on neighbouring data; GCC 12 (-O3 -march=native)

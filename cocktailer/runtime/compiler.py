@@ -38,8 +38,11 @@ def _compiler_identity(cc: str) -> str:
     return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
 
 
+CACHE_VARIABLE = "COCKTAILER_CACHE_DIR"   # where compiled libraries are kept (read at every compile)
+
+
 def cache_dir() -> Path:
-    path = Path(os.environ.get("COCKTAILER_CACHE_DIR", Path.home() / ".cache" / "cocktailer"))
+    path = Path(os.environ.get(CACHE_VARIABLE, Path.home() / ".cache" / "cocktailer"))
     path.mkdir(parents=True, exist_ok=True)
     return path
 
