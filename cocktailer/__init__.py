@@ -2,11 +2,13 @@
 
     fast = cocktailer.compile(model, example_inputs=(x, h))
     print(cocktailer.capture(model, (x, h)))
+    cocktailer.explain(model, (x, h))      # what the measured policy chose, and why
 """
 from cocktailer.api import BACKENDS, CompiledFunction, GradFallbackWarning, capture, compile, compile_traced
 from cocktailer.errors import CocktailerError, CompiledCallError, UnsupportedError
+from cocktailer.explain import explain
 from cocktailer.ir import Program, format_program, verify
 
 __version__ = "0.1.0"
 __all__ = ["BACKENDS", "CocktailerError", "CompiledCallError", "CompiledFunction", "GradFallbackWarning",
-           "Program", "UnsupportedError", "capture", "compile", "compile_traced", "format_program", "verify"]
+           "Program", "UnsupportedError", "capture", "compile", "compile_traced", "explain", "format_program", "verify"]

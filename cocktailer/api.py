@@ -19,6 +19,7 @@ from cocktailer.reference.trace import traced_graph
 from cocktailer.runtime.cpu import BackendUnavailable, cpu_backend
 from cocktailer.runtime.compiler import find_compiler
 from cocktailer.runtime.host import HostExecutor
+from cocktailer.runtime.tuning import measured_cpu_backend
 
 # name -> factory(Program) -> callable(list of input tensors) -> list of output tensors
 BACKENDS: dict[str, Callable[[Program], Callable]] = {
@@ -28,6 +29,8 @@ BACKENDS: dict[str, Callable[[Program], Callable]] = {
 }
 AUTO_ORDER = ["cpu", "reference"]   # "auto" takes the first that can run the program
 NATIVE = {"cpu", "host"}
+OPTIONS = ("workers", "max_depth", "fan_out", "policy", "samples")   # of the native backends (see compile)
+POLICIES = ("simple", "measured")
 
 
 def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwargs: dict | None = None) -> Program:
@@ -46,9 +49,9 @@ def compile_traced(model_or_function: Callable, example_inputs: tuple, *, backen
     compiled = compile(model_or_function, backend=backend)
     args, kwargs = compiled._bind(_as_tuple(example_inputs), example_kwargs or {})
     program = capture(model_or_function, args, kwargs)
-    tensors = [x for x in pytree.flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+    tensors = _tensors(args, kwargs)
     program = run_pipeline(traced_graph(program, tensors), CAPTURE_PIPELINE)
-    compiled.cache[compiled._key(args, kwargs)] = (program, compiled._build(program))
+    compiled.cache[compiled._key(args, kwargs)] = (program, compiled._build(program, [tensors]))
     compiled.frozen = True
     return compiled
 
@@ -62,8 +65,13 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     `example_inputs`, the first specialization is compiled now, so errors show here.
     Inference only: when autograd would record the call (grad mode on and an input or
     parameter requires grad), it runs the original model eagerly instead, with one warning.
-    `options` go to native backends: `workers` (threads; default all cores) and `max_depth`
-    (frames of the recursion stack; default 256: deeper recursion raises CompiledCallError).
+    `options` go to native backends: `workers` (threads; default all cores), `max_depth`
+    (frames of the recursion stack; default 256: deeper recursion raises CompiledCallError),
+    `fan_out` (cpu: independent recursive calls run at once on groups of workers) and
+    `policy`: "simple" (default: control flow at L1, the worker count by a size rule) or
+    "measured" (cpu: candidates built and timed on this machine, the fastest kept; see
+    cocktailer.explain), which times them on the example inputs and on `samples` (more
+    argument tuples shaped like them), and takes `workers` as the most it may use.
     """
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(['auto', *BACKENDS])}")
@@ -115,7 +123,7 @@ class CompiledFunction:
             if self.frozen:
                 raise CompiledCallError("a traced graph only runs on inputs shaped like the ones it was traced with")
             program = capture(self.fn, args, kwargs)
-            entry = self.cache[key] = (program, self._build(program))
+            entry = self.cache[key] = (program, self._build(program, self._samples(args, kwargs, key)))
         return entry
 
     def __call__(self, *args, **kwargs):
@@ -138,7 +146,17 @@ class CompiledFunction:
         out_spec, kinds = program.output_spec
         return pytree.unflatten(out_spec, [next(outputs) if is_tensor else value for is_tensor, value in kinds])
 
-    def _build(self, program: Program) -> Callable:
+    def _samples(self, args, kwargs, key: tuple) -> list[list[torch.Tensor]]:
+        """What the measured policy times candidates on: these arguments' tensors, and those of
+        options["samples"] (argument tuples) that specialize the same way."""
+        samples = [_tensors(args, kwargs)]
+        for extra in self.options.get("samples", ()):
+            extra_args, extra_kwargs = self._bind(_as_tuple(extra), {})
+            if self._key(extra_args, extra_kwargs) == key:
+                samples.append(_tensors(extra_args, extra_kwargs))
+        return samples
+
+    def _build(self, program: Program, samples: list[list[torch.Tensor]]) -> Callable:
         """The backend's executable for `program`. "auto" takes the first backend in AUTO_ORDER
         that can run it; a native backend without a C compiler falls back to the reference
         backend with one warning."""
@@ -149,22 +167,28 @@ class CompiledFunction:
                 continue
             if self.backend != "auto" and name == self.backend:
                 self.chosen = name
-                return self._backend(name, program)   # an explicitly chosen backend's errors are the user's
+                return self._backend(name, program, samples)   # an explicitly chosen backend's errors are the user's
             try:
-                executable = self._backend(name, program)
+                executable = self._backend(name, program, samples)
             except BackendUnavailable:
                 continue
             self.chosen = name
             return executable
         raise AssertionError("the reference backend runs every program")
 
-    def _backend(self, name: str, program: Program) -> Callable:
+    def _backend(self, name: str, program: Program, samples: list[list[torch.Tensor]]) -> Callable:
         if name not in NATIVE:
             return BACKENDS[name](program)
-        allowed = {"cpu": ("workers", "max_depth"), "host": ("workers",)}[name]
-        unknown = set(self.options) - {"workers", "max_depth"}
+        unknown = set(self.options) - set(OPTIONS)
         if unknown:
-            raise ValueError(f"unknown backend options {sorted(unknown)}; known: workers, max_depth")
+            raise ValueError(f"unknown backend options {sorted(unknown)}; known: {', '.join(OPTIONS)}")
+        policy = self.options.get("policy", "simple")
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+        if name == "cpu" and policy == "measured":
+            settings = {k: v for k, v in self.options.items() if k in ("workers", "max_depth")}
+            return measured_cpu_backend(program, samples, **settings)
+        allowed = {"cpu": ("workers", "max_depth", "fan_out"), "host": ("workers",)}[name]
         return BACKENDS[name](program, **{k: v for k, v in self.options.items() if k in allowed})
 
     def _needs_grad(self, args, kwargs) -> bool:
@@ -182,6 +206,10 @@ def _warn_once(message: str):
     if message not in _warned:
         _warned.add(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _tensors(args, kwargs) -> list[torch.Tensor]:
+    return [x for x in pytree.flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
 
 
 def _leaf_key(x) -> Any:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from cocktailer.codegen.kernels import KERNELS, PRELUDE, KernelContext, ctype
 from cocktailer.ir import Op, Operation, Program, Region, Value
 from cocktailer.schedule.memory import MemoryPlan
-from cocktailer.schedule.utask import Barrier, Block, BranchUTask, LoopUTask, UOperator, UProgram, UTaskRef
+from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, UOperator, UProgram, UTaskRef
 
 
 @dataclass(frozen=True)
@@ -34,36 +34,43 @@ CPU = Dialect(
     name="c-openmp",
     headers=("stdint.h", "string.h", "math.h", "omp.h", "sched.h"),
     function_prefix="",
-    shared_decls="ct_barrier_t ct_bar = {0, 0};",
+    shared_decls="ct_barrier_t ct_bars[CT_MAX_NEST * nw]; memset(ct_bars, 0, sizeof ct_bars);",
     parallel_begin="#pragma omp parallel num_threads(nw)",
-    worker_ids="const int w = omp_get_thread_num(); const int W = omp_get_num_threads(); int64_t ct_sense = 0;",
-    barrier="ct_barrier(&ct_bar, &ct_sense, W);",
+    worker_ids="const int ct_gw = omp_get_thread_num(); int w = ct_gw, W = omp_get_num_threads();",
+    barrier="ct_barrier(ct_team, W);",
     atomic_store="{{\n#pragma omp atomic write\n{dst} = {value};\n}}",
 )
 
 _CORE_PRELUDE = r"""
-/* The global barrier: sense-reversing, on two shared counters. A waiter spins briefly, then
-   yields its core: on a busy machine the worker it waits for may be descheduled, and
-   spinning (as OpenMP's barrier does) would only keep it off the core. */
-typedef struct { int64_t count; int64_t sense; } ct_barrier_t;
+/* A team's barrier: an arrival counter and a generation, on a cache line of its own. A waiter
+   spins briefly, then yields its core: on a busy machine the worker it waits for may be
+   descheduled, and spinning (as OpenMP's barrier does) would only keep it off the core.
+   A team is a range of workers; the whole team is one, and a fan-out splits it into groups,
+   each with its own barrier (CT_MAX_NEST levels of splitting at most). ct_join is the barrier
+   after a fan-out: it also gives up when a worker of another group failed and left. */
+typedef struct { int64_t count; int64_t gen; char pad[48]; } ct_barrier_t;
+enum { CT_MAX_NEST = 8, CT_SLOTS = 8 };
 #if defined(__x86_64__) || defined(__i386__)
 #define ct_pause() __builtin_ia32_pause()
 #else
 #define ct_pause() ((void)0)
 #endif
-static inline void ct_barrier(ct_barrier_t* b, int64_t* sense, int W) {
-  if (W == 1) return;
-  const int64_t s = 1 - *sense;
-  *sense = s;
+static inline int ct_wait(ct_barrier_t* b, int W, const int64_t* err) {
+  if (W == 1) return 0;
+  const int64_t gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
   if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == W) {
     __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&b->sense, s, __ATOMIC_RELEASE);
-    return;
+    __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
+    return 0;
   }
-  for (int spins = 0; __atomic_load_n(&b->sense, __ATOMIC_ACQUIRE) != s; ++spins) {
+  for (int spins = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; ++spins) {
+    if (err && __atomic_load_n(err, __ATOMIC_RELAXED)) return 1;
     if (spins < 4096) ct_pause(); else sched_yield();
   }
+  return 0;
 }
+static inline void ct_barrier(ct_barrier_t* b, int W) { (void)ct_wait(b, W, 0); }
+static inline int ct_join(ct_barrier_t* b, int W, const int64_t* err) { return ct_wait(b, W, err); }
 /* every worker copies its share of n bytes */
 static inline void ct_copy(char* restrict dst, const char* restrict src, int64_t n, int w, int W) {
   if (dst == src) return;
@@ -80,6 +87,7 @@ class Rendered:
     errors: list[str]               # runtime error messages; err[0] == i + 1 means errors[i]
     plan: MemoryPlan
     entry: str = "cocktailer_run"   # the C function to call
+    fans_out: bool = False          # calls fan out to worker groups: one stack of frames per worker
 
 
 class Renderer:
@@ -95,6 +103,7 @@ class Renderer:
         self.sites: dict[str, list[int]] = {}   # callee -> call-site ids
         self.kernels: dict[str, str] = {}        # kernel body -> the C function that runs it
         self.signatures: dict[str, int] = {}     # function -> number of buffer arguments
+        self.fans_out = False
 
     # -- addressing -------------------------------------------------------------------
     def ptr(self, v: Value, base: str | None = None) -> str:
@@ -150,6 +159,8 @@ class Renderer:
                 self.loop(item)
             elif isinstance(item, UTaskRef):
                 self.call(item)
+            elif isinstance(item, FanOut):
+                self.fan_out(item)
 
     def operator(self, item: UOperator):
         """Each operator runs as a C function called by every worker, with its buffers as
@@ -238,22 +249,45 @@ class Renderer:
         self.emit("{ char* nfp = stack + (sp + 1) * FRAME;")
         self.copies(self.moves(op.operands, callee.params, base_dst="nfp"))
         self.emit("}")
-        self.emit(f"sp++; fp = stack + sp * FRAME; R[sp] = {site}; goto fn_{item.callee};")
+        self.emit(f"CT_F(sp + 1) = (int64_t)(intptr_t)fp; sp++; fp = stack + sp * FRAME; CT_R(sp) = {site}; "
+                  f"goto fn_{item.callee};")
         self.emit(f"site_{site}: ;")
         self.emit("{ char* cfp = stack + (sp + 1) * FRAME;")
         self.copies(self.moves(callee.body.yields, op.results, base_src="cfp"))
         self.emit("}")
 
+    def fan_out(self, item: FanOut):
+        """Split the team into G = min(calls, workers) groups (contiguous ranges of workers);
+        group g runs calls g, g + G, ... with its own barrier and stack. The team's state is
+        saved in this frame's per-worker slots: the calls leave by `goto`, so C locals would
+        not survive them, and a call that fans out again saves its own in the next frame."""
+        n = len(item.calls)
+        self.fans_out = True
+        self.emit(f"/* fan-out: {n} independent calls at once, one group of workers each */")
+        self.emit("CT_S(sp, 2) = w; CT_S(sp, 3) = W; CT_S(sp, 4) = ct_lead; CT_S(sp, 5) = ct_nest;")
+        self.emit(f"{{ const int G = ct_nest + 1 < CT_MAX_NEST && W > 1 ? (W < {n} ? W : {n}) : 1; int g = 0;")
+        self.emit("  while ((int64_t)(g + 1) * W / G <= w) g++;")
+        self.emit("  CT_S(sp, 6) = g; CT_S(sp, 7) = G;")
+        self.emit("  if (G > 1) { const int lo = (int)((int64_t)g * W / G), hi = (int)((int64_t)(g + 1) * W / G);")
+        self.emit("    ct_lead += lo; ct_nest++; w -= lo; W = hi - lo; CT_TEAM(); } }")
+        for i, call in enumerate(item.calls):
+            self.emit(f"if (CT_S(sp, 6) == {i} % CT_S(sp, 7)) {{")
+            self.call(call)
+            self.emit("}")
+        self.emit("if (CT_S(sp, 7) > 1) {")
+        self.emit("  w = (int)CT_S(sp, 2); W = (int)CT_S(sp, 3); ct_lead = (int)CT_S(sp, 4); ct_nest = (int)CT_S(sp, 5);")
+        self.emit("  CT_TEAM(); if (ct_join(ct_team, W, err)) goto ct_fail; }")
+
     def _resume(self, name: str) -> str:
         cases = " ".join(f"case {s}: goto site_{s};" for s in self.sites.get(name, []))
-        return f"switch (R[sp + 1]) {{ {cases} default: goto ct_fail; }}"
+        return f"switch (CT_R(sp + 1)) {{ {cases} default: goto ct_fail; }}"
 
     def function(self, name: str):
         fn = self.program.functions[name]
         self.emit(f"fn_{name}: ;")
         self.block(self.up.functions[name])
         self.emit(self.d.barrier)
-        self.emit("sp--; fp = sp >= 0 ? stack + sp * FRAME : arena;")
+        self.emit("fp = (char*)(intptr_t)CT_F(sp); sp--;")
         self.emit(f"@@resume {name}@@")   # filled in by render(): call sites of later functions are not known yet
 
     # -- the whole program ------------------------------------------------------------------
@@ -262,7 +296,7 @@ class Renderer:
         plan, d = self.plan, self.d
         main = self.program.main
         self.emit(f"{d.function_prefix}int64_t {self.entry}(void** in, void** out, void** cst, char* arena, "
-                  "char* stack, int64_t max_depth, int64_t* locals, int64_t* rets, int64_t* err, int nw) {")
+                  "char* stack_all, int64_t max_depth, int64_t* locals, int64_t* rets, int64_t* err, int nw) {")
         self.emit(f"  enum {{ FRAME = {max(plan.frame_bytes, 64)}, NLOC = {plan.locals_per_frame} }};")
         self.emit("  err[0] = 0;")
         self.emit(f"  {d.shared_decls}")
@@ -270,8 +304,15 @@ class Renderer:
         self.emit("  {")
         self.emit(f"  {d.worker_ids}")
         self.emit("  int64_t sp = -1; char* fp = arena;")
-        self.emit("  int64_t* R = rets + (int64_t)w * (max_depth + 1) + 1;   /* resume labels, per worker */")
-        self.emit("  int64_t* L0 = locals + (int64_t)w * (max_depth + 1) * NLOC;")
+        self.emit("  int ct_lead = 0, ct_nest = 0;   /* this worker's team: its first worker, its depth of splitting */")
+        self.emit("  ct_barrier_t* ct_team = &ct_bars[0]; char* stack = stack_all;")
+        self.emit("  #define CT_TEAM() (ct_team = &ct_bars[ct_lead * CT_MAX_NEST + ct_nest], "
+                  "stack = stack_all + (int64_t)ct_lead * max_depth * FRAME)")
+        self.emit("  int64_t* ct_slots = rets + (int64_t)ct_gw * (max_depth + 1) * CT_SLOTS;")
+        self.emit("  #define CT_S(d, k) ct_slots[((d) + 1) * CT_SLOTS + (k)]   /* per worker and depth */")
+        self.emit("  #define CT_R(d) CT_S(d, 0)   /* resume label of the call at depth d */")
+        self.emit("  #define CT_F(d) CT_S(d, 1)   /* its caller's frame */")
+        self.emit("  int64_t* L0 = locals + (int64_t)ct_gw * (max_depth + 1) * NLOC;")
         self.emit("  #define CT_L (L0 + (sp + 1) * NLOC)   /* this frame's loop counters */")
         self.block(self.up.functions[self.program.entry])
         self.emit(d.barrier)
@@ -287,6 +328,10 @@ class Renderer:
         self.emit("ct_fail: ;")
         self.emit("ct_end: ;")
         self.emit("  #undef CT_L")
+        self.emit("  #undef CT_TEAM")
+        self.emit("  #undef CT_S")
+        self.emit("  #undef CT_R")
+        self.emit("  #undef CT_F")
         self.emit("  }")
         self.emit("  return err[0];")
         self.emit("}")
@@ -297,7 +342,7 @@ class Renderer:
             params = "".join(f"char* a{k}, " for k in range(self.signatures[name]))
             functions.append(f"__attribute__((noinline)) static int {name}({params}int w, int W, int64_t* err) {{\n"
                              f"{body}\nreturn 0;\n}}")
-        return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry)
+        return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry, self.fans_out)
 
 
 # The entry function is the program's skeleton: kernel calls, barriers and control flow; the

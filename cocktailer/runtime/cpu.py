@@ -5,6 +5,8 @@ from cocktailer.codegen import kernels
 from cocktailer.codegen.renderer import CPU, assemble, render
 from cocktailer.errors import CocktailerError
 from cocktailer.ir import Op, Program
+from cocktailer.passes import run_pipeline
+from cocktailer.passes.calls import gather_independent_calls
 from cocktailer.runtime.compiler import compile_shared_library
 from cocktailer.runtime.native import CompiledProgram
 from cocktailer.schedule import Device, SimplePolicy
@@ -33,11 +35,15 @@ def check_native(program: Program, backend: str):
         raise BackendUnavailable(f"no native kernel for: {'; '.join(missing)}")
 
 
-def cpu_backend(program: Program, workers: int | None = None, max_depth: int = DEFAULT_MAX_DEPTH) -> CompiledProgram:
+def cpu_backend(program: Program, workers: int | None = None, max_depth: int = DEFAULT_MAX_DEPTH,
+                fan_out: bool = False) -> CompiledProgram:
+    """`fan_out`: independent calls (a recursion's subtrees) run at once on groups of workers."""
     check_native(program, "cpu")
     device = Device.cpu(workers or useful_workers(program, Device.cpu().workers))
-    plan = plan_memory(program)
-    uprogram = SimplePolicy(device, can_run_natively=kernels.supported).schedule(program, plan, "L1")
+    if fan_out:
+        program = run_pipeline(program, [("gather_independent_calls", gather_independent_calls)])
+    plan = plan_memory(program, fan_out)
+    uprogram = SimplePolicy(device, can_run_natively=kernels.supported, fan_out=fan_out).schedule(program, plan, "L1")
     rendered = render(uprogram, plan, CPU)
     library = compile_shared_library(assemble([rendered]))
-    return CompiledProgram(program, rendered, str(library), device.workers, max_depth)
+    return CompiledProgram(program, rendered, str(library), device.workers, max_depth, uprogram)

@@ -61,28 +61,39 @@ def _segments(region: Region, users: dict[int, set[int]]) -> list:
 class HostExecutor(ReferenceExecutor):
     def __init__(self, program: Program, workers: int | None = None):
         super().__init__(program)
+        self.library: str | None = None
         check_native(program, "host")
         self.segments: dict[int, list] = {}
         for fn in program.functions.values():
             users = _uses_outside(fn)
             for region in fn.body.regions():
                 self.segments[id(region)] = _segments(region, users)
-        self._compile([s for segs in self.segments.values() for s in segs if isinstance(s, _Block)], workers)
+        self._compile(self.blocks, workers)
 
     def _compile(self, blocks: list[_Block], workers: int | None):
         device = Device.cpu(workers)
+        self.workers = device.workers
         parts = []
         for k, block in enumerate(blocks):
             sub = Program({"main": Function("main", Region(block.inputs, block.ops, block.outputs))}, "main",
                           self.program.constants, self.program.device)
             plan = plan_memory(sub)
             uprogram = SimplePolicy(device, can_run_natively=kernels.supported).schedule(sub, plan, "L1")
-            parts.append((block, sub, render(uprogram, plan, CPU, entry=f"block_{k}")))
+            parts.append((block, sub, uprogram, render(uprogram, plan, CPU, entry=f"block_{k}")))
         if not parts:
             return
-        library = str(compile_shared_library(assemble([r for _, _, r in parts])))
-        for block, sub, rendered in parts:
-            block.compiled = CompiledProgram(sub, rendered, library, device.workers, max_depth=1)
+        self.library = str(compile_shared_library(assemble([rendered for *_, rendered in parts])))
+        for block, sub, uprogram, rendered in parts:
+            block.compiled = CompiledProgram(sub, rendered, self.library, device.workers, 1, uprogram)
+
+    @property
+    def identity(self) -> str:
+        """Changes whenever the blocks' code or the worker count does (the profiler's cache key)."""
+        return f"host:{self.library}:{self.workers}"
+
+    @property
+    def blocks(self) -> list[_Block]:
+        return [s for segments in self.segments.values() for s in segments if isinstance(s, _Block)]
 
     def run_region(self, region: Region, env: dict):
         for segment in self.segments[id(region)]:

@@ -11,8 +11,10 @@ import torch
 from cocktailer.codegen.renderer import Rendered
 from cocktailer.errors import CompiledCallError
 from cocktailer.ir import Program, TensorType
+from cocktailer.schedule.utask import UProgram
 
 _ARGTYPES = [ctypes.c_void_p] * 9 + [ctypes.c_int]
+SLOTS_PER_FRAME = 8   # the generated code's CT_SLOTS: resume label, caller frame, fan-out state
 
 
 class CompiledProgram:
@@ -20,8 +22,10 @@ class CompiledProgram:
     are torch tensors bound by pointer; the scratch arena, the recursion stack and per-worker
     loop counters are allocated once per thread and reused, so calls are thread-safe."""
 
-    def __init__(self, program: Program, rendered: Rendered, library: str, workers: int, max_depth: int):
+    def __init__(self, program: Program, rendered: Rendered, library: str, workers: int, max_depth: int,
+                 uprogram: UProgram | None = None):
         self.program = program
+        self.uprogram = uprogram   # the schedule it was generated from (explain prints it)
         self.rendered = rendered
         self.workers = workers
         self.max_depth = max_depth
@@ -39,14 +43,20 @@ class CompiledProgram:
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
             plan, frames = self.rendered.plan, self.max_depth + 1
+            stacks = self.workers if self.rendered.fans_out else 1   # a group of workers per stack
             scratch = self._local.scratch = (
                 torch.empty(max(plan.arena_bytes, 64), dtype=torch.uint8),
-                torch.empty(max(plan.frame_bytes, 64) * self.max_depth, dtype=torch.uint8) if plan.frame_bytes else
-                torch.empty(64, dtype=torch.uint8),
+                torch.empty(max(plan.frame_bytes, 64) * self.max_depth * stacks, dtype=torch.uint8)
+                if plan.frame_bytes else torch.empty(64, dtype=torch.uint8),
                 torch.empty(self.workers * frames * plan.locals_per_frame, dtype=torch.int64),
-                torch.empty(self.workers * frames, dtype=torch.int64),
+                torch.empty(self.workers * frames * SLOTS_PER_FRAME, dtype=torch.int64),
                 torch.zeros(1, dtype=torch.int64))
         return scratch
+
+    @property
+    def identity(self) -> str:
+        """Changes whenever the code or the worker count does (the profiler's cache key)."""
+        return f"{self.library}:{self.rendered.entry}:{self.workers}"
 
     def check_inputs(self, inputs: Sequence[torch.Tensor]):
         if len(inputs) != len(self._input_types):

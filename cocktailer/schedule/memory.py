@@ -7,13 +7,17 @@
 - loop-carried values get buffers that hold them across iterations (the body's yields are
   copied into them), a loop's condition region reads the same buffers as its body;
 - branch results are buffers both branches copy their yields into;
-- loop counters and trip counts are per-worker slots ("locals"), one set per frame.
+- loop counters and trip counts are per-worker slots ("locals"), one set per frame;
+- calls that fan out (run at once by different worker groups) are live together: each one's
+  operands until the last of them starts, the results from the first, so no group writes a
+  buffer another group still reads.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from cocktailer.ir import Function, Op, Operation, Program, Region, Value
+from cocktailer.passes.calls import independent_call_runs
 
 ALIGN = 64
 
@@ -45,7 +49,8 @@ def _nbytes(value: Value) -> int:
 class _Intervals:
     """Live intervals of one function's values in a pre-order numbering of its ops."""
 
-    def __init__(self):
+    def __init__(self, fan_out: bool = False):
+        self.fan_out = fan_out
         self.start: dict[int, int] = {}
         self.end: dict[int, int] = {}
         self.values: dict[int, Value] = {}
@@ -61,13 +66,15 @@ class _Intervals:
             self.end[v.id] = max(self.end[v.id], at)
 
     def walk(self, region: Region):
+        together = self._fan_outs(region)
         for op in region.ops:
             self.pos += 1
             here = self.pos
+            before, after = together.get(id(op), (0, 0))
             for v in op.operands:
-                self.use(v, here)
+                self.use(v, here + after)
             for r in op.results:          # control-flow results are written inside: live from the start
-                self.define(r, here)
+                self.define(r, here - before)
             for reg in _execution_order(op):
                 for p in reg.params:
                     self.define(p, here)
@@ -93,6 +100,12 @@ class _Intervals:
             for v in reg.outside_reads():
                 if v.id in self.start and self.start[v.id] < start:
                     self.end[v.id] = max(self.end[v.id], end)
+
+    def _fan_outs(self, region: Region) -> dict[int, tuple[int, int]]:
+        """id(call) -> (calls of its fan-out before it, after it): a call takes one position."""
+        if not self.fan_out:
+            return {}
+        return {id(op): (k, len(run) - 1 - k) for run in independent_call_runs(region) for k, op in enumerate(run)}
 
 
 def _execution_order(op: Operation) -> list[Region]:
@@ -123,8 +136,8 @@ def _pack(intervals: _Intervals, ids: list[int]) -> tuple[dict[int, int], int]:
     return offsets, top
 
 
-def _plan_function(fn: Function, plan: MemoryPlan, space: str, program: Program) -> int:
-    intervals = _Intervals()
+def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool) -> int:
+    intervals = _Intervals(fan_out)
     for p in fn.params:
         intervals.define(p, 0)
     intervals.walk(fn.body)
@@ -169,11 +182,12 @@ def _plan_function(fn: Function, plan: MemoryPlan, space: str, program: Program)
     return top
 
 
-def plan_memory(program: Program) -> MemoryPlan:
+def plan_memory(program: Program, fan_out: bool = False) -> MemoryPlan:
+    """`fan_out`: the schedule runs independent adjacent calls at once (recursion unroll)."""
     plan = MemoryPlan()
-    plan.arena_bytes = _plan_function(program.main, plan, "arena", program)
+    plan.arena_bytes = _plan_function(program.main, plan, "arena", fan_out)
     for name, fn in program.functions.items():
         if name != program.entry:
-            plan.frame_bytes = max(plan.frame_bytes, _plan_function(fn, plan, "frame", program))
+            plan.frame_bytes = max(plan.frame_bytes, _plan_function(fn, plan, "frame", fan_out))
     plan.locals_per_frame = max(plan.locals_per_frame, 1)
     return plan

@@ -17,7 +17,8 @@ from cocktailer.ir import Op, Operation, Program, Region, Value
 from cocktailer.ir.ops import BINARY, UNARY
 from cocktailer.schedule.device import Device
 from cocktailer.schedule.memory import MemoryPlan
-from cocktailer.schedule.utask import Barrier, Block, BranchUTask, LoopUTask, UOperator, UProgram, UTaskRef
+from cocktailer.passes.calls import independent_call_runs
+from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, UOperator, UProgram, UTaskRef
 
 MAP_OPS = UNARY | BINARY | {Op.WHERE, Op.FULL}
 
@@ -63,8 +64,9 @@ class SimplePolicy:
     """Control flow at L1; one uTask per worker for every operator; global barriers."""
 
     def __init__(self, device: Device, profiler: Callable[[UProgram], float] | None = None,
-                 can_run_natively: Callable[[Operation], bool] = lambda op: True):
+                 can_run_natively: Callable[[Operation], bool] = lambda op: True, fan_out: bool = False):
         self.device = device
+        self.fan_out = fan_out              # run adjacent independent calls on worker groups at once
         self.profiler = profiler            # unused by this policy; Algorithm 1 compares candidates with it
         self.can_run_natively = can_run_natively
         self.units = {level.name: level.count for level in device.unit_levels}
@@ -95,9 +97,10 @@ class SimplePolicy:
             raise ValueError(f"control flow cannot run at {control_level}: {why}")
         self.plan = plan
         functions = {name: self._block(fn.body) for name, fn in program.functions.items()}
+        fan = "; independent calls fan out to worker groups" if self.fan_out else ""
         return UProgram(program, self.device, functions, control_level,
-                        [f"control flow at {control_level} ({why}); {self.units['L1']} workers; "
-                         "one uTask per worker per operator; global barriers"])
+                        [f"control flow at {control_level} ({why}); {self.units['L1']} worker(s); "
+                         f"one uTask per worker per operator; global barriers{fan}"])
 
     def _range(self, v: Value) -> tuple | None:
         """The shared memory a value occupies (inputs and constants are never written;
@@ -109,11 +112,16 @@ class SimplePolicy:
         block = Block()
         read: list[tuple] = []      # (range, partition) read since the last barrier
         written: list[tuple] = []   # (range, partition) written since the last barrier
+        fan_outs = {id(run[0]): run for run in independent_call_runs(region)} if self.fan_out else {}
+        grouped = {id(op) for run in fan_outs.values() for op in run}
         for op in region.ops:
             if op.regions or op.op is Op.CALL:
+                if id(op) in grouped and id(op) not in fan_outs:
+                    continue   # scheduled with the first call of its fan-out
                 if read or written:
                     block.items.append(Barrier(tuple(op.operands)))
-                block.items.append(self._control(op))
+                run = fan_outs.get(id(op))
+                block.items.append(FanOut([self._control(c) for c in run], "L1") if run else self._control(op))
                 read, written = [], []   # control flow ends with a barrier
                 continue
             key = map_partition(op)

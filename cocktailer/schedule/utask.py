@@ -52,7 +52,18 @@ class UTaskRef:
     level: str
 
 
-Item = Union[UOperator, Barrier, LoopUTask, BranchUTask, UTaskRef]
+@dataclass
+class FanOut:
+    """Independent calls run at once (recursion unroll, Cocktailer Figure 8): the level's units
+    split into min(calls, units) groups, call i goes to group i mod groups, and each group runs
+    its calls with its own barrier and its own stack of frames; all meet at a barrier after.
+    Nested inside a call that fanned out, a group splits again while it has units to spare,
+    so the top ⌈log2 units⌉ levels of a binary recursion run in parallel subtrees."""
+    calls: list[UTaskRef]
+    level: str
+
+
+Item = Union[UOperator, Barrier, LoopUTask, BranchUTask, UTaskRef, FanOut]
 
 
 @dataclass

@@ -1,0 +1,90 @@
+"""The profiler the scheduling policy asks (Cocktailer §3.2): the latency of a candidate,
+measured on this machine with sample inputs (several when control flow depends on the data).
+
+A measurement is the median, over timed rounds after warm-up, of one round's time: every
+sample run once. It is cached in memory and on disk (in the library cache) under the
+candidate's identity (its libraries and settings) and the samples' content, so compiling the
+same model again does not measure again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from cocktailer.runtime.compiler import cache_dir
+
+Executable = Callable[[list[torch.Tensor]], object]
+
+
+@dataclass
+class Profiler:
+    samples: list[list[torch.Tensor]]     # flat input tensors of one call each
+    min_rounds: int = 10
+    min_seconds: float = 0.2
+    max_seconds: float = 2.0              # a slow candidate is measured with fewer rounds (at least 3)
+    persist: bool = True                  # keep measurements in the library cache across processes
+    measured: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        digest = hashlib.sha256()
+        for sample in self.samples:
+            for t in sample:
+                digest.update(f"{t.dtype}{tuple(t.shape)}".encode())
+                digest.update(t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+        self._samples_key = digest.hexdigest()[:16]
+
+    def latency(self, identity: str, run: Executable) -> float:
+        """Seconds per round of the samples for the candidate `identity` (a string that
+        changes whenever its code or settings do), measured once."""
+        key = hashlib.sha256(f"{identity}\0{self._samples_key}\0{os.cpu_count()}".encode()).hexdigest()[:32]
+        if key in self.measured:
+            return self.measured[key]
+        stored = self._load(key)
+        if stored is None:
+            stored = self._measure(run)
+            self._store(key, stored)
+        self.measured[key] = stored
+        return stored
+
+    def _measure(self, run: Executable) -> float:
+        with torch.no_grad():
+            for sample in self.samples:   # warm-up: page in the library, the weights, the scratch
+                run(sample)
+            rounds: list[float] = []
+            start = time.perf_counter()
+            while True:
+                t0 = time.perf_counter()
+                for sample in self.samples:
+                    run(sample)
+                rounds.append(time.perf_counter() - t0)
+                spent = time.perf_counter() - start
+                if (len(rounds) >= self.min_rounds and spent >= self.min_seconds) or \
+                        (len(rounds) >= 3 and spent >= self.max_seconds):
+                    return statistics.median(rounds)
+
+    def _path(self, key: str):
+        return cache_dir() / "profiles" / f"{key}.json"
+
+    def _load(self, key: str) -> float | None:
+        if not self.persist:
+            return None
+        try:
+            return float(json.loads(self._path(key).read_text())["seconds"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def _store(self, key: str, seconds: float):
+        if not self.persist:
+            return
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"seconds": seconds}))
+        os.replace(tmp, path)   # atomic: a concurrent reader sees the old file or the new one

@@ -1,0 +1,96 @@
+"""The measured policy: candidates compared by the profiler, bottom-up (Cocktailer §3.2).
+
+Algorithm 1 starts with control flow on the host and moves it down to the lowest legal unit
+level, keeping each move only where the profiler says it is faster; then it sets resources
+and tries the control-flow optimizations, again keeping only what measures faster. Here the
+steps are whole-program (every construct moves together), in this order:
+
+1. the host level (control flow in Python, each basic block one native call);
+2. control flow at L1 (Constraint 1: legal when every op has a native kernel);
+3. SetResource: fewer L1 units (workers), halving down to one;
+4. recursion unroll: independent calls fan out to groups of workers, at the best worker
+   count so far and at all workers.
+
+The schedule layer only decides what to try: `measure(candidate)` (given by the runtime)
+builds and times a candidate, or raises if it cannot be built, and the search goes on
+without it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from cocktailer.ir import CONTROL, Program
+from cocktailer.passes.calls import has_independent_calls
+
+# A step is kept only when it is at least this much faster (a smaller difference is noise).
+KEEP_MARGIN = 0.97
+
+
+@dataclass(frozen=True)
+class Candidate:
+    control: str = "L1"      # where control flow runs: "L1" (inside the native program) or "host"
+    workers: int = 1         # L1 units (SetResource)
+    fan_out: bool = False    # recursion unroll: independent calls on groups of workers at once
+
+    def __str__(self) -> str:
+        where = "control flow at L1" if self.control == "L1" else "control flow on the host"
+        fan = ", independent calls fan out" if self.fan_out else ""
+        return f"{where}, {self.workers} worker{'s' if self.workers > 1 else ''}{fan}"
+
+
+@dataclass
+class Trial:
+    step: str
+    candidate: Candidate
+    seconds: float | None = None    # the profiler's latency; None if it could not be built
+    error: str | None = None
+    kept: bool = False
+
+
+class NoCandidate(RuntimeError):
+    """No candidate could be built; `trials` says why for each."""
+
+    def __init__(self, trials: list[Trial]):
+        self.trials = trials
+        super().__init__("no candidate could be built: " + "; ".join(f"{t.candidate}: {t.error}" for t in trials))
+
+
+def has_control_flow(program: Program) -> bool:
+    return any(op.op in CONTROL for op in program.walk())
+
+
+def search(program: Program, workers: int, measure: Callable[[Candidate], float]) -> tuple[Candidate, list[Trial]]:
+    trials: list[Trial] = []
+    best: list[Trial] = []   # the kept trial (at most one)
+
+    def attempt(step: str, candidate: Candidate):
+        trial = Trial(step, candidate)
+        trials.append(trial)
+        try:
+            trial.seconds = measure(candidate)
+        except Exception as exc:   # a candidate that fails to build is left out, with its reason
+            trial.error = f"{type(exc).__name__}: {exc}"
+            return
+        if not best or trial.seconds < KEEP_MARGIN * best[0].seconds:
+            if best:
+                best[0].kept = False
+            trial.kept = True
+            best[:] = [trial]
+
+    everything_at_l1 = Candidate("L1", workers)
+    if has_control_flow(program):
+        attempt("host level", Candidate("host", workers))
+    attempt("control flow at L1", everything_at_l1)
+    units = workers // 2
+    while units >= 1:
+        attempt("SetResource", replace(best[0].candidate if best else everything_at_l1, workers=units))
+        units //= 2
+    if has_independent_calls(program) and workers > 1:
+        base = best[0].candidate if best and best[0].candidate.control == "L1" else everything_at_l1
+        for units in sorted({base.workers, workers}, reverse=True):
+            if units > 1:
+                attempt("recursion unroll", replace(base, workers=units, fan_out=True))
+    if not best:
+        raise NoCandidate(trials)
+    return best[0].candidate, trials
