@@ -262,3 +262,18 @@ def test_measured_policy_times_every_sample_of_the_same_shapes(monkeypatch):
     other_shape = inputs_for(perfect_tree(2), nodes=64)
     cocktailer.compile(model, first, backend="cpu", options={"policy": "measured", "samples": [second, other_shape]})
     assert seen == [2]   # the example and `second`; `other_shape` specializes differently
+
+
+def test_parameters_passed_through_the_recursion_alias_the_inputs():
+    """The tree arrays go down the recursion unchanged: they are read where the caller gave
+    them, not copied into each frame; the node index changes and gets a frame slot."""
+    torch.manual_seed(0)
+    program = cocktailer.capture(RAE().eval(), inputs_for(perfect_tree(2)))
+    plan = plan_memory(program)
+    left, right, is_leaf, inp, root = program.functions["forward"].params
+    for k, p in enumerate([left, right, is_leaf, inp]):
+        assert plan.of(p) == plan.of(program.main.params[k]) and plan.of(p).space == "input"
+    assert plan.of(root).space == "frame"
+    chained = cocktailer.capture(Chained().eval(), inputs_for(perfect_tree(2)))
+    inp_param = chained.functions["forward"].params[3]   # rebound (`inp = inp + ...`) before the second call
+    assert plan_memory(chained).of(inp_param).space == "frame"

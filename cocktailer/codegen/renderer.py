@@ -196,7 +196,13 @@ class Renderer:
 
     def moves(self, sources: list[Value], targets: list[Value], base_src=None, base_dst=None) -> list[tuple]:
         return [(self.byte_ptr(t, base_dst), self.byte_ptr(s, base_src), t.type.numel * t.type.dtype.itemsize)
-                for s, t in zip(sources, targets) if self.plan.of(s) != self.plan.of(t) or base_src != base_dst]
+                for s, t in zip(sources, targets) if not self._same_memory(s, t, base_src, base_dst)]
+
+    def _same_memory(self, s: Value, t: Value, base_src, base_dst) -> bool:
+        """Whether s and t are one buffer (inputs and constants are the same wherever they are
+        addressed from; arena and frame buffers only relative to the same base)."""
+        a, b = self.plan.of(s), self.plan.of(t)
+        return a == b and (a.space in ("input", "const") or base_src == base_dst)
 
     def branch(self, item: BranchUTask):
         op = item.op

@@ -3,7 +3,9 @@
 - inputs and constants are bound zero-copy (pointer tables);
 - intermediates of the entry function share one scratch arena, reused by liveness;
 - each other (recursive) function's values live in a frame of the simulated stack, so that
-  recursion needs no allocation: frame k of the stack is `stack + k * frame_bytes`;
+  recursion needs no allocation: frame k of the stack is `stack + k * frame_bytes`; a
+  parameter every call passes an input or constant through (the tree a recursion walks)
+  aliases it instead of being copied into each frame;
 - loop-carried values get buffers that hold them across iterations (the body's yields are
   copied into them), a loop's condition region reads the same buffers as its body;
 - branch results are buffers both branches copy their yields into;
@@ -136,7 +138,8 @@ def _pack(intervals: _Intervals, ids: list[int]) -> tuple[dict[int, int], int]:
     return offsets, top
 
 
-def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool) -> int:
+def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool,
+                   passed_through: dict[int, Buffer] | None = None) -> int:
     intervals = _Intervals(fan_out)
     for p in fn.params:
         intervals.define(p, 0)
@@ -166,6 +169,10 @@ def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool) ->
         for i, p in enumerate(fn.params):
             plan.buffers[p.id] = Buffer("input", i, _nbytes(p))
             skip.add(p.id)
+    for p in fn.params:
+        if passed_through and p.id in passed_through:
+            plan.buffers[p.id] = passed_through[p.id]
+            skip.add(p.id)
 
     cond_aliases = {}   # a loop's condition reads the carried buffers of its body
     for op in fn.body.walk():
@@ -182,12 +189,41 @@ def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool) ->
     return top
 
 
+_UNKNOWN = object()
+
+
+def _passed_through(program: Program, plan: MemoryPlan) -> dict[int, Buffer]:
+    """Parameters to which every call passes the same read-only buffer (an input or a
+    constant of the entry function), directly or through the caller's own such parameter, as
+    a recursion passes the tree down: they alias that buffer instead of being copied into
+    every frame. An optimistic fixpoint over the call sites."""
+    source: dict[int, object] = {p.id: _UNKNOWN for name, fn in program.functions.items()
+                                 if name != program.entry for p in fn.params}
+    sites = [op for op in program.walk() if op.op is Op.CALL]
+    changed = True
+    while changed:
+        changed = False
+        for op in sites:
+            for v, p in zip(op.operands, program.functions[op.attrs["callee"]].params):
+                if v.id in source:   # the caller's own parameter
+                    given = source[v.id]
+                else:
+                    known = plan.buffers.get(v.id)
+                    given = known if known is not None and known.space in ("input", "const") else None
+                if given is _UNKNOWN or source[p.id] is None or source[p.id] == given:
+                    continue
+                source[p.id] = given if source[p.id] is _UNKNOWN else None
+                changed = True
+    return {pid: b for pid, b in source.items() if isinstance(b, Buffer)}
+
+
 def plan_memory(program: Program, fan_out: bool = False) -> MemoryPlan:
     """`fan_out`: the schedule runs independent adjacent calls at once (recursion unroll)."""
     plan = MemoryPlan()
     plan.arena_bytes = _plan_function(program.main, plan, "arena", fan_out)
+    passed_through = _passed_through(program, plan)
     for name, fn in program.functions.items():
         if name != program.entry:
-            plan.frame_bytes = max(plan.frame_bytes, _plan_function(fn, plan, "frame", fan_out))
+            plan.frame_bytes = max(plan.frame_bytes, _plan_function(fn, plan, "frame", fan_out, passed_through))
     plan.locals_per_frame = max(plan.locals_per_frame, 1)
     return plan
