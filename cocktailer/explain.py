@@ -1,6 +1,7 @@
 """cocktailer.explain: what the compiler did with a model, as text.
 
-Sections: the captured IR and the passes applied to it; the candidates the measured policy
+Sections: the captured IR and the passes applied to it (and the IR after the backend's own
+passes, when they changed it); the candidates the measured policy
 compared, with their measured latencies and which one it kept; where each control-flow
 construct runs; the chosen uProgram(s) with their uTasks per worker and barriers.
 """
@@ -12,6 +13,7 @@ from typing import Callable
 from cocktailer.api import compile
 from cocktailer.ir import CONTROL, Program
 from cocktailer.passes import CAPTURE_PIPELINE
+from cocktailer.runtime.cpu import CPU_PIPELINE
 from cocktailer.runtime.host import HostExecutor
 from cocktailer.runtime.native import CompiledProgram
 from cocktailer.runtime.tuning import TunedProgram
@@ -37,11 +39,19 @@ def _chosen(executable):
 
 
 def _ir(program: Program, executable) -> str:
-    passes = [name for name, _ in CAPTURE_PIPELINE]
-    candidate = getattr(executable, "candidate", None)
-    if candidate is not None and candidate.fan_out:
+    text = f"== captured IR (passes applied: {', '.join(name for name, _ in CAPTURE_PIPELINE)}) ==\n{program}"
+    chosen = _chosen(executable)
+    passes = [name for name, _ in CPU_PIPELINE]
+    if getattr(executable, "candidate", None) is not None and executable.candidate.fan_out:
         passes.append("gather_independent_calls")
-    return f"== captured IR (passes applied: {', '.join(passes)}) ==\n{program}"
+    header = f"\n\n== IR after the cpu backend's passes ({', '.join(passes)}) =="
+    if not isinstance(chosen, CompiledProgram):
+        after = "(not the cpu backend: it runs the captured IR)"
+    elif chosen.program is program:
+        after = "(nothing to rewrite: the captured IR)"
+    else:
+        after = str(chosen.program)
+    return f"{text}{header}\n{after}"
 
 
 def _policy(executable) -> str:

@@ -48,3 +48,58 @@ def test_weights_changed_in_place_after_compiling_are_used():
             model.bn.running_var.sub_(3.0)
         assert not torch.allclose(before, after)
         torch.testing.assert_close(after, expected, rtol=1e-4, atol=1e-5)
+
+
+class Decoder(nn.Module):
+    """The same projection in a loop that may stop early: hoisting it would compute rows for
+    steps that never run."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 8)
+
+    def forward(self, x, h):
+        t = 0
+        while t < x.shape[0] and h.sum() < 100:
+            h = torch.tanh(self.lin(x[t]) + h)
+            t += 1
+        return h
+
+
+def _loop_body(program):
+    (loop,) = [op for op in program.walk() if op.op is Op.LOOP]
+    return loop.loop_body
+
+
+def test_input_projection_is_hoisted_out_of_a_loop_over_every_step():
+    from cocktailer.passes.hoist import hoist_invariant_matmuls
+    from cocktailer.reference import ReferenceExecutor
+    torch.manual_seed(0)
+    x, h = torch.randn(5, 2, 4), torch.zeros(2, 8)
+    program = cocktailer.capture(RNN().eval(), (x, h))
+    expected = ReferenceExecutor(program)([x, h])
+    assert sum(op.op is Op.MATMUL for op in _loop_body(program).ops) == 2
+    program = hoist_invariant_matmuls(program.clone())
+    cocktailer.verify(program)
+    assert sum(op.op is Op.MATMUL for op in _loop_body(program).ops) == 1   # only the recurrent one is left
+    hoisted = [op for op in program.main.body.ops if op.op is Op.MATMUL]
+    assert len(hoisted) == 1 and hoisted[0].results[0].type.shape == (5, 2, 8)
+    torch.testing.assert_close(ReferenceExecutor(program)([x, h]), expected)
+
+
+def test_projection_stays_in_a_loop_that_may_stop_early():
+    from cocktailer.passes.hoist import hoist_invariant_matmuls
+    torch.manual_seed(0)
+    program = cocktailer.capture(Decoder().eval(), (torch.randn(5, 2, 4), torch.zeros(2, 8)))
+    before = [op.op for op in program.walk()]
+    assert [op.op for op in hoist_invariant_matmuls(program.clone()).walk()] == before
+
+
+def test_clone_leaves_the_captured_program_alone():
+    from cocktailer.passes.hoist import hoist_invariant_matmuls
+    torch.manual_seed(0)
+    program = cocktailer.capture(RNN().eval(), (torch.randn(5, 2, 4), torch.zeros(2, 8)))
+    text = str(program)
+    clone = hoist_invariant_matmuls(program.clone())
+    assert str(program) == text and str(clone) != text
+    assert clone.constants is program.constants

@@ -7,6 +7,7 @@ A function's body does not see its caller's values: it receives them as paramete
 """
 from __future__ import annotations
 
+import copy
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -138,6 +139,12 @@ class Program:
     @property
     def main(self) -> Function:
         return self.functions[self.entry]
+
+    def clone(self) -> "Program":
+        """A copy whose functions, regions and operations a backend's passes may rewrite; the
+        constants and their recipes are shared (refreshing folded weights reaches both)."""
+        shared = (self.constants, self.derived, self.derived_versions)
+        return copy.deepcopy(self, {id(x): x for x in shared})
 
     def walk(self) -> Iterator[Operation]:
         for fn in self.functions.values():

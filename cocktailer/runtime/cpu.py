@@ -7,6 +7,8 @@ from cocktailer.errors import CocktailerError
 from cocktailer.ir import Op, Program
 from cocktailer.passes import run_pipeline
 from cocktailer.passes.calls import gather_independent_calls
+from cocktailer.passes.dce import dce
+from cocktailer.passes.hoist import hoist_invariant_matmuls
 from cocktailer.runtime.compiler import compile_shared_library
 from cocktailer.runtime.native import CompiledProgram
 from cocktailer.schedule import Device, SimplePolicy
@@ -14,6 +16,10 @@ from cocktailer.schedule.policy import useful_workers
 from cocktailer.schedule.memory import plan_memory
 
 DEFAULT_MAX_DEPTH = 256
+
+# The cpu backend's own rewrites, on its copy of the program (the other backends, and the
+# benchmark's JAX ports of the captured program, do not see them).
+CPU_PIPELINE = [("hoist_invariant_matmuls", hoist_invariant_matmuls), ("dce_after_hoisting", dce)]
 
 
 class BackendUnavailable(CocktailerError):
@@ -40,8 +46,9 @@ def cpu_backend(program: Program, workers: int | None = None, max_depth: int = D
     """`fan_out`: independent calls (a recursion's subtrees) run at once on groups of workers."""
     check_native(program, "cpu")
     device = Device.cpu(workers or useful_workers(program, Device.cpu().workers))
-    if fan_out:
-        program = run_pipeline(program, [("gather_independent_calls", gather_independent_calls)])
+    passes = CPU_PIPELINE + ([("gather_independent_calls", gather_independent_calls)] if fan_out else [])
+    if fan_out or any(op.op is Op.LOOP for op in program.walk()):   # what the passes rewrite: a traced
+        program = run_pipeline(program.clone(), passes)              # graph has neither (and 50,000 ops)
     plan = plan_memory(program, fan_out)
     uprogram = SimplePolicy(device, can_run_natively=kernels.supported, fan_out=fan_out).schedule(program, plan, "L1")
     rendered = render(uprogram, plan, CPU)
