@@ -103,3 +103,81 @@ def test_clone_leaves_the_captured_program_alone():
     clone = hoist_invariant_matmuls(program.clone())
     assert str(program) == text and str(clone) != text
     assert clone.constants is program.constants
+
+
+class Stacked(nn.Module):
+    """Three recurrences in one time loop, each reading the one below at the same step."""
+
+    def __init__(self, layers=3):
+        super().__init__()
+        self.cells = nn.ModuleList(nn.GRUCell(4 if i == 0 else 8, 8) for i in range(layers))
+
+    def forward(self, x):
+        h = [x.new_zeros(x.shape[1], 8) for _ in self.cells]
+        for t in range(x.shape[0]):
+            inp = x[t]
+            new = []
+            for cell, h_i in zip(self.cells, h):
+                inp = cell(inp, h_i)
+                new.append(inp)
+            h = new
+        return h[0], h[-1]
+
+
+class CrossStep(nn.Module):
+    """The second recurrence reads the first one's previous step: it cannot run after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h1 = h2 = x.new_zeros(x.shape[1], 8)
+        for t in range(x.shape[0]):
+            h1, h2 = torch.tanh(self.a(h1) + x[t]), torch.tanh(self.b(h2) + h1)
+        return h2
+
+
+def _cpu_passes(program):
+    from cocktailer.runtime.cpu import CPU_PIPELINE
+    from cocktailer.passes import run_pipeline
+    return run_pipeline(program.clone(), CPU_PIPELINE)
+
+
+def _loops(program):
+    return [op for op in program.walk() if op.op is Op.LOOP]
+
+
+def test_stacked_recurrences_become_one_loop_each_with_their_projection_hoisted():
+    from cocktailer.reference import ReferenceExecutor
+    torch.manual_seed(0)
+    x = torch.randn(6, 2, 4)
+    program = cocktailer.capture(Stacked().eval(), (x,))
+    assert len(_loops(program)) == 1
+    rewritten = _cpu_passes(program)
+    loops = _loops(rewritten)
+    assert [op.loop_stacked for op in loops] == [1, 1, 0]   # each feeds the next its outputs, stacked
+    assert all(sum(o.op is Op.MATMUL for o in op.loop_body.ops) == 1 for op in loops)   # recurrent only
+    assert sum(op.op is Op.MATMUL for op in rewritten.main.body.ops) == 3   # input projections, hoisted
+    for steps in (0, 1, 6):   # a loop of no step, of one, of several
+        xs = torch.randn(steps, 2, 4)
+        program = cocktailer.capture(Stacked().eval(), (xs,))
+        torch.testing.assert_close(ReferenceExecutor(_cpu_passes(program))([xs]), ReferenceExecutor(program)([xs]))
+
+
+def test_a_recurrence_reading_another_ones_previous_step_is_not_split():
+    torch.manual_seed(0)
+    program = cocktailer.capture(CrossStep().eval(), (torch.randn(5, 2, 8),))
+    assert len(_loops(_cpu_passes(program))) == 1
+
+
+def test_distributed_loops_on_the_cpu_backend_match_eager():
+    torch.manual_seed(0)
+    model = Stacked().eval()
+    for backend in backends_under_test():
+        for steps in (0, 1, 7):
+            x = torch.randn(steps, 3, 4)
+            fast = cocktailer.compile(model, (x,), backend=backend)
+            with torch.no_grad():
+                for got, want in zip(fast(x), model(x)):
+                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -232,9 +232,21 @@ class Renderer:
             self.emit(f"if (!*(const uint8_t*){self.ptr(op.loop_cond.yields[0])}) break;")
         self.block(item.body)
         self.emit(self.d.barrier)
-        self.carry(body.yields, carried, op.results)
+        if op.loop_stacked:
+            self.copies(self.stack_rows(op, f"CT_L[{i}]"))
+        self.carry(op.loop_carried_yields, carried, op.results)
         self.emit("}")
         self.copies(self.moves(carried, op.results))
+
+    def stack_rows(self, op: Operation, step: str) -> list[tuple[str, str, int]]:
+        """This iteration's stacked yields into row `step` of their stacked results."""
+        stacked = op.loop_body.yields[len(op.loop_body.yields) - op.loop_stacked:]
+        stacks = op.results[len(op.loop_inits):]
+        rows = []
+        for y, s in zip(stacked, stacks):
+            n = y.type.numel * y.type.dtype.itemsize
+            rows.append((f"({self.byte_ptr(s)} + {step} * {n})", self.byte_ptr(y), n))
+        return rows
 
     def carry(self, yields: list[Value], carried: list[Value], staging: list[Value]):
         """Yields become the next iteration's carried values. If a yield is another carried

@@ -205,6 +205,8 @@ CONTROL_DOCS = {
     Op.LOOP: """carried = inits; i = 0
         while (trip is None or i < trip) and (cond is None or cond(i, *carried)):
             carried = body(i, *carried); i += 1
-        outs = carried   (operands: [trip_count: i64[]] if has_trip, then inits)""",
+        outs = carried   (operands: [trip_count: i64[]] if has_trip, then inits)
+        With attrs["stacked"] = k (only with a trip count and no condition), the body's last
+        k yields are per-iteration outputs instead: outs = carried + [stack of each over i]""",
     Op.CALL: """outs = program.functions[callee](*operands)   (recursion allowed)""",
 }

@@ -84,7 +84,8 @@ class _Printer:
         if op.op is Op.LOOP:
             trip = f" trip={_v(op.loop_trip)}" if op.loop_trip is not None else ""
             carry = " carry(" + ", ".join(map(_v, op.loop_inits)) + ")"
-            self.lines.append(f"{pad}{lhs}loop{trip}{carry} {{{loc}")
+            stacked = f" stack(last {op.loop_stacked} yields)" if op.loop_stacked else ""
+            self.lines.append(f"{pad}{lhs}loop{trip}{carry}{stacked} {{{loc}")
             if op.loop_cond is not None:
                 self.lines.append(pad + "  cond:")
                 self.region(op.loop_cond, depth + 2, True, keyword="continue_if")

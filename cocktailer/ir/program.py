@@ -86,6 +86,10 @@ class Operation:
     regions: list[Region] = field(default_factory=list)
     loc: SourceLoc | None = None
 
+    def reads(self) -> list[Value]:
+        """The values this operation reads: its operands and what its regions read from outside."""
+        return list(self.operands) + [v for region in self.regions for v in region.outside_reads()]
+
     # LOOP layout: attrs["has_trip"] says whether operands[0] is the trip count;
     # regions[0] is the body, regions[1] (optional, attrs["has_cond"]) the condition.
     @property
@@ -103,6 +107,17 @@ class Operation:
     @property
     def loop_cond(self) -> Region | None:
         return self.regions[1] if self.attrs.get("has_cond") else None
+
+    @property
+    def loop_stacked(self) -> int:
+        """How many of the body's yields (the last ones) are stacked over the iterations
+        into results of their own, rather than carried to the next iteration."""
+        return self.attrs.get("stacked", 0)
+
+    @property
+    def loop_carried_yields(self) -> list[Value]:
+        yields = self.loop_body.yields
+        return yields[:len(yields) - self.loop_stacked]
 
 
 @dataclass(eq=False)

@@ -89,17 +89,29 @@ class _Verifier:
         if len(op.regions) != expected_regions:
             self.fail(fn, op, f"loop needs {expected_regions} regions, has {len(op.regions)}")
         carried = [INDEX] + [v.type for v in inits]
-        self.same_types(fn, op, op.results, inits, "results vs initial values")
+        self.same_types(fn, op, op.results[:len(inits)], inits, "results vs initial values")
         body = op.loop_body
         self.same_types(fn, op, body.params, carried, "body parameters vs (i64 index, carried)", types=True)
         self.region(fn, op, body, scope)
-        self.same_types(fn, op, body.yields, inits, "body yields vs carried")
+        self.same_types(fn, op, op.loop_carried_yields, inits, "body yields vs carried")
+        self.check_stacked(fn, op)
         cond = op.loop_cond
         if cond is not None:
             self.same_types(fn, op, cond.params, carried, "cond parameters vs (i64 index, carried)", types=True)
             self.region(fn, op, cond, scope)
             if [v.type for v in cond.yields] != [BOOL]:
                 self.fail(fn, op, "the loop condition must yield one bool[]")
+
+    def check_stacked(self, fn, op):
+        k = op.loop_stacked
+        if not k:
+            return
+        if op.loop_trip is None or op.loop_cond is not None:
+            self.fail(fn, op, "stacked loop outputs need a trip count and no condition")
+        stacks, stacked = op.results[len(op.loop_inits):], op.loop_body.yields[-k:]
+        if len(stacks) != k or any(s.type.shape[1:] != y.type.shape or s.type.dtype != y.type.dtype
+                                   for s, y in zip(stacks, stacked)):
+            self.fail(fn, op, "each stacked result must be [steps, *yield shape] of its yield's dtype")
 
     def check_call(self, fn, op, scope):
         callee = self.program.functions.get(op.attrs.get("callee"))

@@ -39,7 +39,7 @@ def independent_call_runs(region: Region) -> list[list[Operation]]:
 
 
 def _reads(op: Operation) -> set[int]:
-    return {v.id for v in op.operands} | {v.id for r in op.regions for v in r.outside_reads()}
+    return {v.id for v in op.reads()}
 
 
 def _depends_on_any(op: Operation, earlier: list[Operation]) -> bool:

@@ -55,7 +55,8 @@ class ReferenceExecutor:
     def run_loop(self, op: Operation, env: dict) -> list[torch.Tensor]:
         trip = int(env[op.loop_trip.id]) if op.loop_trip is not None else None
         carried = [env[v.id] for v in op.loop_inits]
-        body, cond = op.loop_body, op.loop_cond
+        body, cond, k = op.loop_body, op.loop_cond, op.loop_stacked
+        steps: list[list[torch.Tensor]] = []   # stacked outputs, per iteration
         i = 0
         while trip is None or i < trip:
             index = torch.tensor(i, dtype=torch.int64, device=self.program.device)
@@ -64,9 +65,17 @@ class ReferenceExecutor:
                 if not bool(self.run_region(cond, env)[0]):
                     break
             _bind(body, env, index, carried)
-            carried = self.run_region(body, env)
+            yields = self.run_region(body, env)
+            carried = yields[:len(yields) - k]
+            steps.append(yields[len(yields) - k:])
             i += 1
-        return carried
+        return carried + [_stack([s[j] for s in steps], r.type) for j, r in enumerate(op.results[len(carried):])]
+
+
+def _stack(values: list[torch.Tensor], ty) -> torch.Tensor:
+    if len(values) != ty.shape[0]:
+        raise RuntimeError(f"a stacked loop output of {ty.shape[0]} steps ran {len(values)}")
+    return torch.stack(values) if values else torch.empty(ty.shape, dtype=ty.dtype)
 
 
 def _bind(region: Region, env: dict, index: torch.Tensor, carried: list):

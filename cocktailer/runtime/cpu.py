@@ -8,6 +8,7 @@ from cocktailer.ir import Op, Program
 from cocktailer.passes import run_pipeline
 from cocktailer.passes.calls import gather_independent_calls
 from cocktailer.passes.dce import dce
+from cocktailer.passes.fission import distribute_loops
 from cocktailer.passes.hoist import hoist_invariant_matmuls
 from cocktailer.runtime.compiler import compile_shared_library
 from cocktailer.runtime.native import CompiledProgram
@@ -19,7 +20,8 @@ DEFAULT_MAX_DEPTH = 256
 
 # The cpu backend's own rewrites, on its copy of the program (the other backends, and the
 # benchmark's JAX ports of the captured program, do not see them).
-CPU_PIPELINE = [("hoist_invariant_matmuls", hoist_invariant_matmuls), ("dce_after_hoisting", dce)]
+CPU_PIPELINE = [("distribute_loops", distribute_loops), ("hoist_invariant_matmuls", hoist_invariant_matmuls),
+                ("dce_after_hoisting", dce)]
 
 
 class BackendUnavailable(CocktailerError):

@@ -27,7 +27,7 @@ def _uses_outside(fn: Function) -> dict[int, set[int]]:
     users: dict[int, set[int]] = {}
     for region in fn.body.regions():
         for op in region.ops:
-            for v in list(op.operands) + [v for r in op.regions for v in r.outside_reads()]:
+            for v in op.reads():
                 users.setdefault(v.id, set()).add(id(op))
         for v in region.yields:
             users.setdefault(v.id, set()).add(-1)

@@ -126,7 +126,7 @@ class SimplePolicy:
                 continue
             key = map_partition(op)
             aligned = lambda v: key if key is not None and v.type.shape == op.results[0].type.shape else None
-            reads = [(r, aligned(v)) for v in _reads(op) if (r := self._range(v)) is not None]
+            reads = [(r, aligned(v)) for v in op.reads() if (r := self._range(v)) is not None]
             writes = [(r, key) for v in op.results if (r := self._range(v)) is not None]
             if _conflict(reads, written) or _conflict(writes, read + written):
                 block.items.append(Barrier(tuple(op.operands)))
@@ -154,8 +154,3 @@ def _conflict(accesses: list[tuple], earlier: list[tuple]) -> bool:
                 if not (kx is not None and kx == ky and x == y):
                     return True
     return False
-
-
-def _reads(op: Operation) -> list[Value]:
-    """Values an op reads, including those its regions read from outside."""
-    return list(op.operands) + [v for region in op.regions for v in region.outside_reads()]
