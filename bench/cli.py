@@ -20,7 +20,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--models", help="comma-separated zoo names (default: all)")
     p.add_argument("--batch", help="comma-separated batch sizes (default 1,64; --quick: 1)")
     p.add_argument("--systems", help="comma-separated: eager, torchscript, torch.compile, jax, onnxruntime, "
-                                     "cocktailer[:backend], traced[:backend] (default: all)")
+                                     "cocktailer[:backend], traced[:backend] (default: all of these); "
+                                     "fig19 and scaling: cocktailer step by step, and from 1 to 2 workers")
     p.add_argument("--size", choices=["paper", "small"], help="model sizes (default paper; --quick: small)")
     p.add_argument("--out", type=pathlib.Path, help="results folder (default bench/results/<quick|paper>)")
     p.add_argument("--fresh", action="store_true", help="ignore results already in --out instead of resuming")

@@ -1,6 +1,7 @@
 """The figures, in the style of the Cocktailer paper's §5:
 fig14.png      normalized latency per model per system, one panel per batch size (Figure 14);
-fig_traced.png time with control flow against the traced graph, batch 1 (Figures 15/16/18)."""
+fig_traced.png time with control flow against the traced graph, batch 1 (Figures 15/16/18);
+fig19.png      the cocktailer cpu backend step by step (Figure 19), when the run has the steps."""
 from __future__ import annotations
 
 import math
@@ -19,7 +20,9 @@ def write_all(data: dict, out: pathlib.Path) -> list[str]:
     except ImportError:
         return [f"figures: matplotlib missing ({INSTALL_HINT})"]
     notes = []
-    for name, draw in (("fig14.png", fig14), ("fig_traced.png", fig_traced)):
+    for name, draw in (("fig14.png", fig14), ("fig_traced.png", fig_traced), ("fig19.png", fig19)):
+        if name == "fig19.png" and not any(n.startswith("fig19:") for n in _systems(_workloads(data), (OURS,))):
+            continue   # not a step-by-step run
         if draw(data, out / name):
             notes.append(f"figure: {name}")
         else:
@@ -138,6 +141,33 @@ def _traced_panel(ax, w: dict, colors: dict):
     ax.set_xticks([p for p, _ in labels], [n for _, n in labels], rotation=40, ha="right", fontsize=7)
     ax.set_ylabel("ms")
     ax.set_title(w["model"])
+
+
+def fig19(data: dict, path: pathlib.Path) -> bool:
+    """Speedup of each step over the host level (control flow in Python), per model."""
+    import matplotlib.pyplot as plt
+    workloads = [w for w in _workloads(data, 1) if ok(w["systems"].get("fig19:host"))]
+    steps = [n for n in _systems(workloads, (OURS,)) if n.startswith("fig19:")]
+    if not workloads or not steps:
+        return False
+    fig, ax = plt.subplots(figsize=(12, 4))
+    width, colors = 0.8 / len(steps), _colors(data)
+    for i, name in enumerate(steps):
+        for x, w in enumerate(workloads):
+            entry = w["systems"].get(name)
+            if ok(entry):
+                speedup = w["systems"]["fig19:host"]["median_s"] / entry["median_s"]
+                ax.bar(x - 0.4 + (i + 0.5) * width, speedup, width, color=colors[name], label=name if x == 0 else None)
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(workloads)), [w["model"] for w in workloads])
+    ax.set_ylabel("speedup over the host level")
+    ax.set_title("The cpu backend step by step, batch 1 (each step on top of the previous one)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def _bar(ax, x: float, e: dict, color: str, hatch: str):

@@ -23,7 +23,7 @@ from bench.compare import compare
 from bench.results import ResultStore
 from bench.status import NotTimed, Timeout, describe
 from bench.subject import Subject
-from bench.systems import System, all_systems, quick_selection, select
+from bench.systems import System, all_systems, quick_selection, select, step_systems
 from bench.timing import FULL, Budget, measure, summarize
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -63,7 +63,8 @@ def run(config: RunConfig, zoo: tuple[Callable, Callable] | None = None, progres
     names, make = zoo or load_zoo()
     set_threads(config.threads)
     models = config.models or list(names())
-    systems = select(all_systems(), config.systems)
+    pool = all_systems() + (step_systems() if config.systems else [])   # the steps only when named
+    systems = select(pool, config.systems)
     if config.quick and not config.systems:
         systems = quick_selection(systems)
     store = ResultStore(config.out / "results.json", _run_info(config), fresh=config.fresh)

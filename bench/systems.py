@@ -66,6 +66,23 @@ def all_systems() -> list[System]:
     return peers + ours + traced
 
 
+# Figure 19 of the paper, on this machine: the cocktailer cpu backend step by step, each step
+# on top of the previous one; and its scaling from one worker thread to two. Run only when
+# named (`--systems eager,fig19,scaling`), not in the default run.
+STEPS = [
+    ("fig19:host", "host", {}),                               # control flow in Python (CocktailerBase)
+    ("fig19:L1", "cpu", {"rewrite": False}),                  # control flow at L1, the simple policy
+    ("fig19:+distribute+hoist", "cpu", {}),                   # + loop distribution, hoisted projections
+    ("fig19:+measured", "cpu", {"policy": "measured"}),       # + SetResource and recursion unroll, measured
+    ("scaling:1", "cpu", {"workers": 1}),
+    ("scaling:2", "cpu", {"workers": 2}),
+]
+
+
+def step_systems() -> list[System]:
+    return [System(name, OURS, _cocktailer(backend, options), backend=backend) for name, backend, options in STEPS]
+
+
 def select(systems: list[System], wanted: list[str] | None) -> list[System]:
     """--systems: exact names, or a family ("cocktailer", "traced") for all its backends."""
     if not wanted:
@@ -143,13 +160,24 @@ def _onnxruntime(subject: Subject) -> Prepared:
     return Prepared(port.run, info=lambda: port.info)
 
 
-def _cocktailer(backend: str) -> Callable[[Subject], Prepared]:
+def _cocktailer(backend: str, options: dict | None = None) -> Callable[[Subject], Prepared]:
     def prepare(subject: Subject) -> Prepared:
-        build = lambda: cocktailer.compile(subject.model, subject.inputs, backend=backend)
+        build = lambda: cocktailer.compile(subject.model, subject.inputs, backend=backend, options=options)
         fast, times = _compile_times(build, backend)
         inputs = subject.inputs
-        return Prepared(lambda: fast(*inputs), info=lambda: times)
+        return Prepared(lambda: fast(*inputs), info=lambda: {**times, **_policy_info(fast)})
     return prepare
+
+
+def _policy_info(fast) -> dict:
+    """What the measured policy chose and the candidates it timed (empty for other policies)."""
+    (_, executable), = fast.cache.values()
+    trials = getattr(executable, "trials", None)
+    if trials is None:
+        return {}
+    return {"note": f"chose: {executable.candidate}",
+            "trials": [{"step": t.step, "candidate": str(t.candidate), "seconds": t.seconds, "error": t.error,
+                        "kept": t.kept} for t in trials]}
 
 
 def _traced(backend: str) -> Callable[[Subject], Prepared]:

@@ -238,3 +238,10 @@ def test_bound_is_the_slower_of_compute_and_memory():
     machine = {"peak_flops": 1e9, "bandwidth_bytes_s": 1e8}
     assert roofline.bound_seconds({"flops": 2e9, "bytes": 1e8}, machine) == 2.0
     assert roofline.bound_seconds({"flops": 1e6, "bytes": 5e8}, machine) == 5.0
+
+
+def test_step_by_step_systems_run_only_when_named():
+    from bench.systems import all_systems, select, step_systems
+    assert not any(s.name.startswith(("fig19:", "scaling:")) for s in select(all_systems(), None))
+    names = [s.name for s in select(all_systems() + step_systems(), ["fig19", "scaling"])]
+    assert names == ["fig19:host", "fig19:L1", "fig19:+distribute+hoist", "fig19:+measured", "scaling:1", "scaling:2"]

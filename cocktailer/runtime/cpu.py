@@ -44,11 +44,13 @@ def check_native(program: Program, backend: str):
 
 
 def cpu_backend(program: Program, workers: int | None = None, max_depth: int = DEFAULT_MAX_DEPTH,
-                fan_out: bool = False) -> CompiledProgram:
-    """`fan_out`: independent calls (a recursion's subtrees) run at once on groups of workers."""
+                fan_out: bool = False, rewrite: bool = True) -> CompiledProgram:
+    """`fan_out`: independent calls (a recursion's subtrees) run at once on groups of workers.
+    `rewrite`: run CPU_PIPELINE (off only to measure what it buys)."""
     check_native(program, "cpu")
     device = Device.cpu(workers or useful_workers(program, Device.cpu().workers))
-    passes = CPU_PIPELINE + ([("gather_independent_calls", gather_independent_calls)] if fan_out else [])
+    passes = (CPU_PIPELINE if rewrite else []) + \
+        ([("gather_independent_calls", gather_independent_calls)] if fan_out else [])
     if fan_out or any(op.op is Op.LOOP for op in program.walk()):   # what the passes rewrite: a traced
         program = run_pipeline(program.clone(), passes)              # graph has neither (and 50,000 ops)
     plan = plan_memory(program, fan_out)
