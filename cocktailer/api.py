@@ -29,7 +29,7 @@ BACKENDS: dict[str, Callable[[Program], Callable]] = {
 }
 AUTO_ORDER = ["cpu", "reference"]   # "auto" takes the first that can run the program
 NATIVE = {"cpu", "host"}
-OPTIONS = ("workers", "max_depth", "fan_out", "rewrite", "policy", "samples")   # of the native backends (see compile)
+OPTIONS = ("workers", "max_depth", "fan_out", "unroll", "rewrite", "policy", "samples")   # of the native backends (see compile)
 POLICIES = ("simple", "measured")
 
 
@@ -67,7 +67,8 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     parameter requires grad), it runs the original model eagerly instead, with one warning.
     `options` go to native backends: `workers` (threads; default all cores), `max_depth`
     (frames of the recursion stack; default 256: deeper recursion raises CompiledCallError),
-    `fan_out` (cpu: independent recursive calls run at once on groups of workers), `rewrite`
+    `fan_out` (cpu: independent recursive calls run at once on groups of workers), `unroll`
+    (cpu: innermost loops with a trip count run this many steps per iteration), `rewrite`
     (cpu, default True: loop distribution and hoisting; False only to measure them) and
     `policy`: "simple" (default: control flow at L1, the worker count by a size rule) or
     "measured" (cpu: candidates built and timed on this machine, the fastest kept; see
@@ -189,7 +190,7 @@ class CompiledFunction:
         if name == "cpu" and policy == "measured":
             settings = {k: v for k, v in self.options.items() if k in ("workers", "max_depth")}
             return measured_cpu_backend(program, samples, **settings)
-        allowed = {"cpu": ("workers", "max_depth", "fan_out", "rewrite"), "host": ("workers",)}[name]
+        allowed = {"cpu": ("workers", "max_depth", "fan_out", "unroll", "rewrite"), "host": ("workers",)}[name]
         return BACKENDS[name](program, **{k: v for k, v in self.options.items() if k in allowed})
 
     def _needs_grad(self, args, kwargs) -> bool:

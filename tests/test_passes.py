@@ -181,3 +181,44 @@ def test_distributed_loops_on_the_cpu_backend_match_eager():
             with torch.no_grad():
                 for got, want in zip(fast(x), model(x)):
                     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+class Counted(nn.Module):
+    """A loop whose trip count is a tensor (any value, negative too) and whose body uses the step."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, n):
+        h = x
+        for t in range(n):
+            h = torch.tanh(self.lin(h)) + t
+        return h
+
+
+def test_unrolled_loops_keep_every_trip_count():
+    from cocktailer.passes.unroll import unroll_loops
+    from cocktailer.reference import ReferenceExecutor
+    torch.manual_seed(0)
+    model, x = Counted().eval(), torch.randn(2, 8)
+    program = cocktailer.capture(model, (x, torch.tensor(3)))
+    unrolled = unroll_loops(program.clone(), 8)
+    cocktailer.verify(unrolled)
+    loops = _loops(unrolled)
+    assert len(loops) == 2 and sum(op.op is Op.MATMUL for op in loops[0].loop_body.walk()) == 8
+    for n in (-2, 0, 1, 7, 8, 9, 17):
+        args = [x, torch.tensor(n)]
+        torch.testing.assert_close(ReferenceExecutor(unrolled)(args), ReferenceExecutor(program)(args))
+
+
+def test_unrolled_loops_on_the_cpu_backend_match_eager():
+    torch.manual_seed(0)
+    model, x = Counted().eval(), torch.randn(2, 8)
+    for backend in backends_under_test():
+        if backend != "cpu":
+            continue
+        fast = cocktailer.compile(model, (x, torch.tensor(3)), backend=backend, options={"unroll": 8})
+        with torch.no_grad():
+            for n in (0, 1, 7, 8, 9, 17):
+                torch.testing.assert_close(fast(x, torch.tensor(n)), model(x, n), rtol=1e-4, atol=1e-5)

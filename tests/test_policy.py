@@ -278,3 +278,12 @@ def test_parameters_passed_through_the_recursion_alias_the_inputs():
     chained = cocktailer.capture(Chained().eval(), inputs_for(perfect_tree(2)))
     inp_param = chained.functions["forward"].params[3]   # rebound (`inp = inp + ...`) before the second call
     assert plan_memory(chained).of(inp_param).space == "frame"
+
+
+@native
+@pytest.mark.parametrize("name", ["lstm", "nasrnn", "attention"])
+def test_loop_unroll_on_the_zoo_loop_models(name):
+    w = models.make(name, batch=2, size="small", seed=3)
+    fast = cocktailer.compile(w.model, w.inputs, backend="cpu", options={"unroll": 8})
+    with torch.no_grad():
+        assert_same(fast(*w.inputs), w.model(*w.inputs), RTOL, ATOL, path=name)

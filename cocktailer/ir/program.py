@@ -120,6 +120,27 @@ class Operation:
         return yields[:len(yields) - self.loop_stacked]
 
 
+def clone_ops(ops: list[Operation], rename: dict[int, Value]) -> list[Operation]:
+    """Copies of `ops` with fresh values for everything they define (results, and parameters
+    of their regions, at any depth); reads go through `rename` (value id -> value), which
+    gains the new values, so a caller can find the copies of values it knows."""
+    out = []
+    for op in ops:
+        regions = [_clone_region(r, rename) for r in op.regions]
+        results = [Value(r.type, r.hint) for r in op.results]
+        rename.update({r.id: n for r, n in zip(op.results, results)})
+        out.append(Operation(op.op, [rename.get(v.id, v) for v in op.operands], results, dict(op.attrs), regions,
+                             op.loc))
+    return out
+
+
+def _clone_region(region: Region, rename: dict[int, Value]) -> Region:
+    params = [Value(p.type, p.hint) for p in region.params]
+    rename.update({p.id: n for p, n in zip(region.params, params)})
+    ops = clone_ops(region.ops, rename)
+    return Region(params, ops, [rename.get(v.id, v) for v in region.yields])
+
+
 @dataclass(eq=False)
 class Function:
     name: str

@@ -1,6 +1,8 @@
 """The "cpu" backend: IR Program -> uProgram -> C/OpenMP -> shared library -> callable."""
 from __future__ import annotations
 
+import functools
+
 from cocktailer.codegen import kernels
 from cocktailer.codegen.renderer import CPU, assemble, render
 from cocktailer.errors import CocktailerError
@@ -10,6 +12,7 @@ from cocktailer.passes.calls import gather_independent_calls
 from cocktailer.passes.dce import dce
 from cocktailer.passes.fission import distribute_loops
 from cocktailer.passes.hoist import hoist_invariant_matmuls
+from cocktailer.passes.unroll import unroll_loops
 from cocktailer.runtime.compiler import compile_shared_library
 from cocktailer.runtime.native import CompiledProgram
 from cocktailer.schedule import Device, SimplePolicy
@@ -44,12 +47,14 @@ def check_native(program: Program, backend: str):
 
 
 def cpu_backend(program: Program, workers: int | None = None, max_depth: int = DEFAULT_MAX_DEPTH,
-                fan_out: bool = False, rewrite: bool = True) -> CompiledProgram:
+                fan_out: bool = False, unroll: int = 1, rewrite: bool = True) -> CompiledProgram:
     """`fan_out`: independent calls (a recursion's subtrees) run at once on groups of workers.
+    `unroll`: innermost loops with a trip count run this many steps per iteration.
     `rewrite`: run CPU_PIPELINE (off only to measure what it buys)."""
     check_native(program, "cpu")
     device = Device.cpu(workers or useful_workers(program, Device.cpu().workers))
     passes = (CPU_PIPELINE if rewrite else []) + \
+        ([("unroll_loops", functools.partial(unroll_loops, factor=unroll))] if unroll > 1 else []) + \
         ([("gather_independent_calls", gather_independent_calls)] if fan_out else [])
     if fan_out or any(op.op is Op.LOOP for op in program.walk()):   # what the passes rewrite: a traced
         program = run_pipeline(program.clone(), passes)              # graph has neither (and 50,000 ops)

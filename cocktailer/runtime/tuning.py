@@ -29,7 +29,8 @@ class TunedProgram:
 def build(program: Program, candidate: Candidate, max_depth: int = DEFAULT_MAX_DEPTH) -> Callable:
     if candidate.control == "host":
         return HostExecutor(program, workers=candidate.workers)
-    return cpu_backend(program, workers=candidate.workers, max_depth=max_depth, fan_out=candidate.fan_out)
+    return cpu_backend(program, workers=candidate.workers, max_depth=max_depth, fan_out=candidate.fan_out,
+                       unroll=candidate.unroll)
 
 
 def measured_cpu_backend(program: Program, samples: list[list[torch.Tensor]], workers: int | None = None,

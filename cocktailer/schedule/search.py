@@ -9,7 +9,8 @@ steps are whole-program (every construct moves together), in this order:
 2. control flow at L1 (Constraint 1: legal when every op has a native kernel);
 3. SetResource: fewer L1 units (workers), halving down to one;
 4. recursion unroll: independent calls fan out to groups of workers, at the best worker
-   count so far and at all workers.
+   count so far and at all workers;
+5. loop unroll: innermost loops with a trip count run UNROLL steps per iteration.
 
 The schedule layer only decides what to try: `measure(candidate)` (given by the runtime)
 builds and times a candidate, or raises if it cannot be built, and the search goes on
@@ -22,9 +23,11 @@ from typing import Callable
 
 from cocktailer.ir import CONTROL, Program
 from cocktailer.passes.calls import has_independent_calls
+from cocktailer.passes.unroll import unrollable
 
 # A step is kept only when it is at least this much faster (a smaller difference is noise).
 KEEP_MARGIN = 0.97
+UNROLL = 4   # the loop unroll step tries this many steps per iteration
 
 
 @dataclass(frozen=True)
@@ -32,11 +35,13 @@ class Candidate:
     control: str = "L1"      # where control flow runs: "L1" (inside the native program) or "host"
     workers: int = 1         # L1 units (SetResource)
     fan_out: bool = False    # recursion unroll: independent calls on groups of workers at once
+    unroll: int = 1          # loop unroll: steps per iteration of innermost loops with a trip count
 
     def __str__(self) -> str:
         where = "control flow at L1" if self.control == "L1" else "control flow on the host"
         fan = ", independent calls fan out" if self.fan_out else ""
-        return f"{where}, {self.workers} worker{'s' if self.workers > 1 else ''}{fan}"
+        unroll = f", loops unrolled by {self.unroll}" if self.unroll > 1 else ""
+        return f"{where}, {self.workers} worker{'s' if self.workers > 1 else ''}{fan}{unroll}"
 
 
 @dataclass
@@ -91,6 +96,9 @@ def search(program: Program, workers: int, measure: Callable[[Candidate], float]
         for units in sorted({base.workers, workers}, reverse=True):
             if units > 1:
                 attempt("recursion unroll", replace(base, workers=units, fan_out=True))
+    if any(unrollable(op) for op in program.walk()):
+        base = best[0].candidate if best and best[0].candidate.control == "L1" else everything_at_l1
+        attempt("loop unroll", replace(base, unroll=UNROLL))
     if not best:
         raise NoCandidate(trials)
     return best[0].candidate, trials
