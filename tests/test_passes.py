@@ -222,3 +222,46 @@ def test_unrolled_loops_on_the_cpu_backend_match_eager():
         with torch.no_grad():
             for n in (0, 1, 7, 8, 9, 17):
                 torch.testing.assert_close(fast(x, torch.tensor(n)), model(x, n), rtol=1e-4, atol=1e-5)
+
+
+class Cache(nn.Module):
+    """A decoding loop writing one row of a carried cache per step; `stale` also reads the
+    cache as it was before the write, so that write must not happen in place."""
+
+    def __init__(self, stale: bool):
+        super().__init__()
+        self.stale = stale
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, cache):
+        h = x
+        for t in range(cache.shape[0]):
+            new = cache.clone()
+            new[t] = torch.tanh(self.lin(h))
+            h = new.sum(0) + (cache.sum(0) if self.stale else 0)
+            cache = new
+        return h, cache
+
+
+def _update_buffers(model, args):
+    from cocktailer.schedule.memory import plan_memory
+    program = cocktailer.capture(model, args)
+    plan = plan_memory(program)
+    (update,) = [op for op in program.walk() if op.op is Op.UPDATE]
+    return plan.of(update.operands[0]), plan.of(update.results[0])
+
+
+def test_update_of_a_carried_cache_writes_in_place_unless_the_old_value_is_read_after():
+    torch.manual_seed(0)
+    args = (torch.randn(8), torch.zeros(4, 8))
+    source, result = _update_buffers(Cache(stale=False).eval(), args)
+    assert source == result
+    source, result = _update_buffers(Cache(stale=True).eval(), args)
+    assert source != result
+    for stale in (False, True):
+        model = Cache(stale).eval()
+        for backend in backends_under_test():
+            fast = cocktailer.compile(model, args, backend=backend)
+            with torch.no_grad():
+                for got, want in zip(fast(*args), model(*args)):
+                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

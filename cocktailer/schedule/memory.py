@@ -56,6 +56,8 @@ class _Intervals:
         self.start: dict[int, int] = {}
         self.end: dict[int, int] = {}
         self.values: dict[int, Value] = {}
+        self.last_read: dict[int, int] = {}   # value id -> position of its last read by an op or a yield
+        self.position: dict[int, int] = {}    # id(op) -> its position
         self.pos = 0
 
     def define(self, v: Value, at: int):
@@ -67,14 +69,18 @@ class _Intervals:
         if v.id in self.start:
             self.end[v.id] = max(self.end[v.id], at)
 
+    def read(self, v: Value, at: int):
+        self.use(v, at)
+        self.last_read[v.id] = max(self.last_read.get(v.id, at), at)
+
     def walk(self, region: Region):
         together = self._fan_outs(region)
         for op in region.ops:
             self.pos += 1
-            here = self.pos
+            here = self.position[id(op)] = self.pos
             before, after = together.get(id(op), (0, 0))
             for v in op.operands:
-                self.use(v, here + after)
+                self.read(v, here + after)
             for r in op.results:          # control-flow results are written inside: live from the start
                 self.define(r, here - before)
             for reg in _execution_order(op):
@@ -83,7 +89,7 @@ class _Intervals:
                 self.walk(reg)
                 self.pos += 1
                 for v in reg.yields:
-                    self.use(v, self.pos)
+                    self.read(v, self.pos)
             end = self.pos
             for p in (p for reg in op.regions for p in reg.params):
                 self.use(p, end)
@@ -180,13 +186,37 @@ def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool,
             for c, b in zip(op.loop_cond.params[1:], op.loop_body.params[1:]):
                 cond_aliases[c.id] = b.id
                 skip.add(c.id)
-    offsets, top = _pack(intervals, [v for v in intervals.values if v not in skip])
+    in_place = _in_place_updates(fn, intervals, skip)
+    offsets, top = _pack(intervals, [v for v in intervals.values if v not in skip and v not in in_place])
     for vid, off in offsets.items():
         plan.buffers[vid] = Buffer(space, off, _nbytes(intervals.values[vid]))
+    for vid, src in in_place.items():   # in program order: a chain of updates ends at its first source
+        plan.buffers[vid] = plan.buffers[src]
     for c, b in cond_aliases.items():
         plan.buffers[c] = plan.buffers[b]
     plan.locals_per_frame = max(plan.locals_per_frame, slots)
     return top
+
+
+def _in_place_updates(fn: Function, intervals: _Intervals, skip: set[int]) -> dict[int, int]:
+    """UPDATEs that can write into their source's buffer instead of a copy of it: the source
+    is a buffer of this plan defined in the same region (a carried value in a loop body, say:
+    the KV cache a decoding step writes one row of) and nothing reads it after the update.
+    Returns result id -> source id; the two share one live interval."""
+    aliases: dict[int, int] = {}
+    for region in fn.body.regions():
+        local = {p.id for p in region.params} | {r.id for op in region.ops for r in op.results}
+        for op in region.ops:
+            if op.op is not Op.UPDATE:
+                continue
+            src, result = op.operands[0], op.results[0]
+            if src.id in skip or src.id not in local or src.id not in intervals.start or \
+                    intervals.last_read.get(src.id) != intervals.position[id(op)]:
+                continue
+            root = aliases.get(src.id, src.id)
+            aliases[result.id] = root
+            intervals.end[root] = max(intervals.end[root], intervals.end[result.id])
+    return aliases
 
 
 _UNKNOWN = object()
