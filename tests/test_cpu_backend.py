@@ -199,3 +199,18 @@ def test_long_skeleton_compiled_without_optimizing_it(monkeypatch):
     assert compiled.rendered.source.count('__attribute__((optimize("O0"))) int64_t cocktailer_run(') == 1
     with torch.no_grad():
         assert_same(traced(*w.inputs), w.model(*w.inputs), RTOL, ATOL, path="lstm")
+
+
+def test_constant_weights_of_a_gemm_are_prepacked_and_repacked_when_changed():
+    """A GEMM's constant B is packed once, at load; writing the weights in place packs again."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(600, 100), nn.Tanh(), nn.Linear(100, 24)).eval()
+    x = torch.randn(33, 600)   # rows enough for the GEMM path; depth in 3 packed blocks; partial panels
+    fast = cocktailer.compile(model, (x,), backend="cpu")
+    (_, compiled), = fast.cache.values()
+    assert len(compiled.rendered.prepacked) == 2
+    with torch.no_grad():
+        assert_same(fast(x), model(x), RTOL, ATOL)
+        model[0].weight.mul_(-0.5)
+        model[2].weight.add_(0.25)
+        assert_same(fast(x), model(x), RTOL, ATOL)

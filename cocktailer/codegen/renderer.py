@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from cocktailer.codegen.kernels import KERNELS, PRELUDE, KernelContext, ctype
 from cocktailer.ir import Op, Operation, Program, Region, Value
 from cocktailer.schedule.memory import MemoryPlan
@@ -88,6 +90,7 @@ class Rendered:
     plan: MemoryPlan
     entry: str = "cocktailer_run"   # the C function to call
     fans_out: bool = False          # calls fan out to worker groups: one stack of frames per worker
+    prepacked: dict = field(default_factory=dict)   # constant slot name -> (source constant, NR) to prepack
 
 
 class Renderer:
@@ -104,6 +107,7 @@ class Renderer:
         self.kernels: dict[str, str] = {}        # kernel body -> the C function that runs it
         self.signatures: dict[str, int] = {}     # function -> number of buffer arguments
         self.fans_out = False
+        self.prepacked: dict[str, tuple[str, int]] = {}   # constant slot name -> (source constant, NR)
 
     # -- addressing -------------------------------------------------------------------
     def ptr(self, v: Value, base: str | None = None) -> str:
@@ -169,23 +173,43 @@ class Renderer:
         op = item.op
         if op.op is Op.CONST:
             return   # bound zero-copy: the constant table holds its pointer
-        args: dict[int, str] = {}   # value id -> parameter name
+        args: dict[object, str] = {}    # value id (or a prepacked constant's name) -> parameter name
+        passed: dict[object, str] = {}  # the same keys -> the pointer the skeleton passes
+
+        def argument(key, pointer: str) -> str:
+            if key not in args:
+                args[key], passed[key] = f"a{len(args)}", pointer
+            return args[key]
 
         def param(v: Value) -> str:
-            name = args.setdefault(v.id, f"a{len(args)}")
-            return f"(({ctype(v.type.dtype)}*){name})"
+            return f"(({ctype(v.type.dtype)}*){argument(v.id, self.ptr(v))})"
+
+        def prepacked(v: Value, nr: int) -> str | None:
+            buf = self.plan.of(v)
+            if buf.space != "const" or v.type.dtype != torch.float32:
+                return None
+            index = self._prepack(self.plan.const_names[buf.offset], nr)
+            return f"((const float*){argument(('prepacked', index), f'((float*)cst[{index}])')})"
         names = iter(range(1 << 30))
         ctx = KernelContext(ptr=param, worker="w", workers="W", fail=self.fail,
-                            fresh=lambda prefix: f"{prefix}_{next(names)}")
+                            fresh=lambda prefix: f"{prefix}_{next(names)}", prepacked=prepacked)
         body = KERNELS[op.op](op, ctx)
-        values = {v.id: v for v in [*op.operands, *op.results]}
         function = self.kernels.get(body)
         if function is None:
             function = self.kernels[body] = f"{self.entry}_k{len(self.kernels)}"
         loc = f" /* %{op.results[0].id} = {op.op.name.lower()}{', ' + str(op.loc) if op.loc else ''} */"
-        pointers = ", ".join(f"(char*){self.ptr(values[vid])}" for vid in args)
+        pointers = ", ".join(f"(char*){passed[key]}" for key in args)
         self.emit(f"if ({function}({pointers}{', ' if args else ''}w, W, err)) goto ct_fail;{loc}")
         self.signatures[function] = len(args)
+
+    def _prepack(self, source: str, nr: int) -> int:
+        """The constant table's slot for constant `source` prepacked for NR-wide panels; the
+        runtime fills it (gemm.prepack_b) when it loads the program and when `source` changes."""
+        name = f"prepacked({source}; nr={nr})"
+        if name not in self.plan.const_names:
+            self.plan.const_names.append(name)
+            self.prepacked[name] = (source, nr)
+        return self.plan.const_names.index(name)
 
     def copies(self, pairs: list[tuple[str, str, int]]):
         """Copy (dst, src, nbytes) triples, each worker its share, then a barrier."""
@@ -360,7 +384,8 @@ class Renderer:
             params = "".join(f"char* a{k}, " for k in range(self.signatures[name]))
             functions.append(f"__attribute__((noinline)) static int {name}({params}int w, int W, int64_t* err) {{\n"
                              f"{body}\nreturn 0;\n}}")
-        return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry, self.fans_out)
+        return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry, self.fans_out,
+                        self.prepacked)
 
 
 # The entry function is the program's skeleton: kernel calls, barriers and control flow; the

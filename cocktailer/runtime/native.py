@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 
+from cocktailer.codegen.kernels.gemm import prepack_b
 from cocktailer.codegen.renderer import Rendered
 from cocktailer.errors import CompiledCallError
 from cocktailer.ir import Program, TensorType
@@ -33,7 +34,8 @@ class CompiledProgram:
         self._fn = getattr(ctypes.CDLL(library), rendered.entry)
         self._fn.argtypes = _ARGTYPES
         self._fn.restype = ctypes.c_int64
-        self._constants = [program.constants[n].detach().contiguous() for n in rendered.plan.const_names]
+        self._constants = [self._constant(n) for n in rendered.plan.const_names]
+        self._packed_from = {n: program.constants[src]._version for n, (src, _) in rendered.prepacked.items()}
         self._const_table = (ctypes.c_void_p * max(len(self._constants), 1))(*[t.data_ptr() for t in self._constants])
         self._input_types = [p.type for p in program.main.params]
         self._output_types = [v.type for v in program.main.body.yields]
@@ -53,6 +55,22 @@ class CompiledProgram:
                 torch.zeros(1, dtype=torch.int64))
         return scratch
 
+    def _constant(self, name: str) -> torch.Tensor:
+        if name in self.rendered.prepacked:
+            source, nr = self.rendered.prepacked[name]
+            return prepack_b(self.program.constants[source], nr)
+        return self.program.constants[name].detach().contiguous()
+
+    def _refresh_prepacked(self):
+        """Pack again, in place, the weights changed since they were packed (their pointers
+        are in the constant table)."""
+        for k, name in enumerate(self.rendered.plan.const_names):
+            if name in self._packed_from:
+                source = self.program.constants[self.rendered.prepacked[name][0]]
+                if source._version != self._packed_from[name]:
+                    self._constants[k].copy_(self._constant(name))
+                    self._packed_from[name] = source._version
+
     @property
     def identity(self) -> str:
         """Changes whenever the code or the worker count does (the profiler's cache key)."""
@@ -69,6 +87,8 @@ class CompiledProgram:
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         self.check_inputs(inputs)
+        if self._packed_from:
+            self._refresh_prepacked()
         inputs = [x.contiguous() for x in inputs]
         outputs = [torch.empty(t.shape, dtype=t.dtype) for t in self._output_types]
         arena, stack, locals_, rets, err = self._scratch()

@@ -42,3 +42,6 @@ class KernelContext:
     workers: str = "W"                 # C expression: number of workers
     fail: Callable[[str], str] = field(default=_default_fail)   # C statement: record a run-time error, leave the kernel
     fresh: Callable[[str], str] = field(default=_default_fresh)  # a unique C identifier
+    # C expression: `const float*` to a constant B prepacked for NR-wide panels (gemm.prepack_b),
+    # or None where the backend does not prepack (the kernel then packs B as it goes)
+    prepacked: Callable[[Value, int], str | None] = field(default=lambda value, nr: None)

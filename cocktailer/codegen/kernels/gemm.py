@@ -169,14 +169,16 @@ CK_NOIPA static void ck_sgemm_{mr}x{nr}(int64_t M, int64_t N, int64_t K, const f
   float Bb[{KC} * NC] __attribute__((aligned(64)));
   const int64_t nkb = (K + {KC} - 1) / {KC}, kcb = nkb ? (K + nkb - 1) / nkb : 0;
 #define CK_PACK_B(jc, nc)                                                                     \
-  for (int64_t p = 0; p * {nr} < (nc); ++p)                                                    \
+  if (packb) for (int64_t p = 0; p * {nr} < (nc); ++p)                                         \
     packb(bctx, kb, kc, j0 + (jc) + p * {nr}, CK_MIN({nr}, (nc) - p * {nr}), Bb + p * kc * {nr});
+#define CK_BPANEL(jc, panel) (packb ? Bb + (panel) * kc * {nr} :                               \
+  ((const ck_prepacked*)bctx)->p + kb * ((const ck_prepacked*)bctx)->npad + ((j0 + (jc)) / {nr} + (panel)) * kc * {nr})
 #define CK_BLOCK(mb, mc, jc, nc)                                                              \\
   for (int64_t p = 0; p * {nr} < (nc); ++p) {{                                                 \\
     const int64_t J = j0 + (jc) + p * {nr};   /* global column: image J / cols, column J % cols */ \\
     float* row0 = C + (J / cols) * cstride;                                                   \\
     for (int64_t i = 0; i < (mc); i += {mr})                                                   \\
-      ck_ukr_{mr}x{nr}(kc, Ap + i * kc, Bb + p * kc * {nr}, row0 + ((mb) + i) * ldc, ldc,        \\
+      ck_ukr_{mr}x{nr}(kc, Ap + i * kc, CK_BPANEL(jc, p), row0 + ((mb) + i) * ldc, ldc,          \\
                       (int)CK_MIN({mr}, (mc) - i), (int)CK_MIN({nr}, (nc) - p * {nr}), kb > 0,   \\
                       bias ? bias + (mb) + i : 0, J % cols, cols, cstride);                     \\
   }}
@@ -205,6 +207,7 @@ CK_NOIPA static void ck_sgemm_{mr}x{nr}(int64_t M, int64_t N, int64_t K, const f
     }}
   }}
 #undef CK_PACK_B
+#undef CK_BPANEL
 #undef CK_BLOCK
 }}"""
 
@@ -272,6 +275,10 @@ static const ck_vi ck_zip_hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14
 typedef void (*ck_packb_fn)(const void* ctx, int64_t k0, int64_t kc, int64_t j0, int64_t nr, float* restrict Bp);
 /* B[k][J] = p[k * ld + (J / cols) * istride + J % cols]: a matrix, or the images of a batch side by side */
 typedef struct { const float* p; int64_t ld, cols, istride; } ck_mat;
+/* A constant B packed ahead of time (prepack_b): with packb == NULL, bctx points to one of these
+   and the driver reads its panels where they are: the panel of rows kb.. and columns J..J+NR
+   is at p + kb * npad + (J / NR) * kc * NR, npad = N rounded up to NR. */
+typedef struct { const float* p; int64_t npad; } ck_prepacked;
 """
 
 
@@ -290,6 +297,25 @@ def _build() -> str:
 
 
 GEMM_C = _build()
+
+
+def k_blocks(k: int) -> int:
+    """Rows of B per packed block (the driver's kcb): K split into equal blocks of at most KC."""
+    nkb = -(-k // KC)
+    return -(-k // nkb) if nkb else 0
+
+
+def prepack_b(b: "torch.Tensor", nr: int) -> "torch.Tensor":
+    """B (K x N, float32) in the layout the driver reads a prepacked B in: per block of kcb
+    rows, NR-wide panels of kc x NR floats, zero-padded to npad = N rounded up to NR."""
+    import torch
+    k, n = b.shape
+    npad = -(-n // nr) * nr
+    padded = torch.nn.functional.pad(b.detach().float(), (0, npad - n))
+    kcb = k_blocks(k)
+    blocks = [padded[kb:kb + kcb].reshape(-1, npad // nr, nr).permute(1, 0, 2).reshape(-1)
+              for kb in range(0, k, kcb)] if k else []
+    return torch.cat(blocks).contiguous() if blocks else torch.zeros(1)
 
 
 def choose_variant(m: int, n: int) -> tuple[int, int]:

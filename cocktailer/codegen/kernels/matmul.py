@@ -76,7 +76,7 @@ def render_matmul(op: Operation, ctx: KernelContext) -> str:
         return block(*head, *narrow(nb, M, K, N, a_off, b_off, ctx))
     if M <= GEMV_ROWS:
         return block(*head, *_gemv(nb, M, K, N, a_off, b_off, ctx))
-    return block(*head, *_gemm(nb, M, K, N, a_off, b_off, ctx))
+    return block(*head, *_gemm(nb, M, K, N, a_off, b_off, ctx, None if batch else b))
 
 
 def _rows(nb: int, M: int, ctx: KernelContext) -> list[str]:
@@ -143,11 +143,16 @@ def gemm_tiles(nb: int, M: int, N: int, mr: int, nr: int, ctx: KernelContext, ca
             "}"]
 
 
-def _gemm(nb, M, K, N, a_off, b_off, ctx) -> list[str]:
+def _gemm(nb, M, K, N, a_off, b_off, ctx, b=None) -> list[str]:
+    """`b`: B's value when it is one matrix for every row: a constant one comes prepacked."""
     mr, nr = choose_variant(M, N)
-    call = (f"const ck_mat k_bm = {{ k_b + {b_off}, {N}, {N}, 0 }};\n"
-            f"ck_sgemm_{mr}x{nr}(k_m1 - k_m0, k_n1 - k_n0, {K}, k_a + {a_off} + k_m0 * {K}, {K}, ck_packb_mat_{nr}, &k_bm, "
-            f"k_n0, k_c + k_bi * {M * N} + k_m0 * {N}, {N}, {N}, 0, 0);")
+    packed = ctx.prepacked(b, nr) if b is not None else None
+    if packed is not None:   # weights packed once, ahead of time: the driver reads the panels in place
+        source, packer = f"const ck_prepacked k_bm = {{ {packed}, {-(-N // nr) * nr} }};\n", "0"
+    else:
+        source, packer = f"const ck_mat k_bm = {{ k_b + {b_off}, {N}, {N}, 0 }};\n", f"ck_packb_mat_{nr}"
+    call = (source + f"ck_sgemm_{mr}x{nr}(k_m1 - k_m0, k_n1 - k_n0, {K}, k_a + {a_off} + k_m0 * {K}, {K}, {packer}, "
+            f"&k_bm, k_n0, k_c + k_bi * {M * N} + k_m0 * {N}, {N}, {N}, 0, 0);")
     return gemm_tiles(nb, M, N, mr, nr, ctx, call)
 
 
