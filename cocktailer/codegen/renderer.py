@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from cocktailer.codegen.kernels import KERNELS, PRELUDE, KernelContext, ctype
-from cocktailer.ir import Op, Operation, Program, Region, Value
+from cocktailer.ir import Op, Operation, Program, Value
 from cocktailer.schedule.memory import MemoryPlan
 from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, UOperator, UProgram, UTaskRef
 
@@ -325,7 +325,6 @@ class Renderer:
         return f"switch (CT_R(sp + 1)) {{ {cases} default: goto ct_fail; }}"
 
     def function(self, name: str):
-        fn = self.program.functions[name]
         self.emit(f"fn_{name}: ;")
         self.block(self.up.functions[name])
         self.emit(self.d.barrier)

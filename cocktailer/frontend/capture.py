@@ -6,7 +6,6 @@ knowledge (the hints), until it goes through.
 """
 from __future__ import annotations
 
-import inspect
 import sys
 import types
 from typing import Any, Callable

@@ -7,7 +7,7 @@ module as the global `__ct__` (see convert.py).
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 

@@ -444,7 +444,6 @@ def _conv2d(L, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         if padding == "valid":
             padding = 0
         elif padding == "same" and _pair(stride) == (1, 1):
-            k = _pair(weight.shape[-1]), _pair(weight.shape[-2])
             d = _pair(dilation)
             total = [d[i] * (weight.shape[2 + i] - 1) for i in range(2)]
             if any(t % 2 for t in total):

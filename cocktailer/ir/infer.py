@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
-
 from cocktailer.ir.ops import CREATION, SEMANTICS, Op
 from cocktailer.ir.types import TensorType
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cocktailer.ir.infer import infer_type
 from cocktailer.ir.ops import ARITY, CONTROL, Op
-from cocktailer.ir.program import Function, Operation, Program, Region, Value
+from cocktailer.ir.program import Function, Operation, Program, Region
 from cocktailer.ir.types import BOOL, INDEX, TensorType
 
 

@@ -11,7 +11,7 @@ leading size and no exit condition): otherwise the GEMM would compute rows nobod
 """
 from __future__ import annotations
 
-from cocktailer.ir import Op, Operation, Program, Region, TensorType, Value
+from cocktailer.ir import Op, Operation, Program, TensorType, Value
 
 
 def hoist_invariant_matmuls(program: Program) -> Program:

@@ -211,7 +211,8 @@ def _in_place_updates(fn: Function, intervals: _Intervals, skip: set[int]) -> di
                 continue
             src, result = op.operands[0], op.results[0]
             if src.id in skip or src.id not in local or src.id not in intervals.start or \
-                    intervals.last_read.get(src.id) != intervals.position[id(op)]:
+                    intervals.last_read.get(src.id) != intervals.position[id(op)] or \
+                    any(v.id == src.id for v in op.operands[1:]):   # also the value written: not in place
                 continue
             root = aliases.get(src.id, src.id)
             aliases[result.id] = root

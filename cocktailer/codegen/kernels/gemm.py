@@ -28,6 +28,8 @@ faster, so nothing here calls it.
 """
 from __future__ import annotations
 
+import torch
+
 VW = 16                       # floats per vector
 KC = 256                      # max depth of one packed block
 MC_BUDGET = 64                # rows of A packed at once (rounded down to a multiple of MR): 64 KiB
@@ -305,10 +307,9 @@ def k_blocks(k: int) -> int:
     return -(-k // nkb) if nkb else 0
 
 
-def prepack_b(b: "torch.Tensor", nr: int) -> "torch.Tensor":
+def prepack_b(b: torch.Tensor, nr: int) -> torch.Tensor:
     """B (K x N, float32) in the layout the driver reads a prepacked B in: per block of kcb
     rows, NR-wide panels of kc x NR floats, zero-padded to npad = N rounded up to NR."""
-    import torch
     k, n = b.shape
     npad = -(-n // nr) * nr
     padded = torch.nn.functional.pad(b.detach().float(), (0, npad - n))
