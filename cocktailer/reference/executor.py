@@ -18,6 +18,7 @@ RECURSION_LIMIT = 100_000
 class ReferenceExecutor:
     def __init__(self, program: Program):
         self.program = program
+        self._dead: dict[int, list[list[int]]] = {}   # id(region) -> values to drop after each op
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         with _recursion_limit(RECURSION_LIMIT):
@@ -32,8 +33,16 @@ class ReferenceExecutor:
         return self.run_region(fn.body, env)
 
     def run_region(self, region: Region, env: dict) -> list[torch.Tensor]:
-        for op in region.ops:
+        """Runs the ops; a value of this region is dropped after its last use (a ResNet-101
+        at batch 64 does not fit in memory with every intermediate kept)."""
+        dead = self._dead.get(id(region))
+        if dead is None:
+            steps = [({v.id for v in op.reads()}, {r.id for r in op.results}) for op in region.ops]
+            dead = self._dead[id(region)] = dead_after(region, steps)
+        for op, gone in zip(region.ops, dead):
             self.run_op(op, env)
+            for vid in gone:
+                del env[vid]
         return [env[v.id] for v in region.yields]
 
     def run_op(self, op: Operation, env: dict):
@@ -70,6 +79,24 @@ class ReferenceExecutor:
             steps.append(yields[len(yields) - k:])
             i += 1
         return carried + [_stack([s[j] for s in steps], r.type) for j, r in enumerate(op.results[len(carried):])]
+
+
+def dead_after(region: Region, steps: list[tuple[set[int], set[int]]]) -> list[list[int]]:
+    """For each step of `region` (an op, or a group of them), given as (the ids it reads,
+    nested regions included; the ids it defines): the values of the region (its parameters
+    and what its steps define) that no later step reads and the region does not yield."""
+    last = {p.id: 0 for p in region.params}
+    for k, (_, defines) in enumerate(steps):
+        last.update({vid: k for vid in defines})
+    for k, (reads, _) in enumerate(steps):
+        for vid in reads & last.keys():
+            last[vid] = max(last[vid], k)
+    kept = {v.id for v in region.yields}
+    dead: list[list[int]] = [[] for _ in steps]
+    for vid, k in last.items():
+        if vid not in kept and dead:
+            dead[k].append(vid)
+    return dead
 
 
 def _stack(values: list[torch.Tensor], ty) -> torch.Tensor:

@@ -7,6 +7,7 @@ frozen to their values. It computes the same result for that input only, and is 
 lower bound of what control flow may cost (Cocktailer §5, Figures 15/16/18)."""
 from __future__ import annotations
 
+import weakref
 from typing import Sequence
 
 import torch
@@ -20,13 +21,15 @@ class _Recorder(ReferenceExecutor):
     def __init__(self, program: Program):
         super().__init__(program)
         self.region = Region()
-        self.recorded: dict[int, Value] = {}   # id of a concrete tensor -> its value in the trace
-        self.keep_alive: list[torch.Tensor] = []
+        self.recorded: dict[int, Value] = {}   # id of a live concrete tensor -> its value in the trace
 
     def new_value(self, tensor: torch.Tensor) -> Value:
         value = Value(TensorType.of(tensor))
-        self.recorded[id(tensor)] = value
-        self.keep_alive.append(tensor)   # ids stay unique while the trace is built
+        key = id(tensor)
+        self.recorded[key] = value
+        # When the executor drops the tensor, its id may be reused: forget it then (not before,
+        # so a whole ResNet's activations need not stay alive while it is traced).
+        weakref.finalize(tensor, self.recorded.pop, key, None)
         return value
 
     def traced(self, tensor: torch.Tensor) -> Value:

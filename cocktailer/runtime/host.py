@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from cocktailer.codegen.renderer import CPU, assemble, render
 from cocktailer.ir import Function, Op, Operation, Program, Region, Value
-from cocktailer.reference.executor import ReferenceExecutor
+from cocktailer.reference.executor import ReferenceExecutor, dead_after
 from cocktailer.runtime.compiler import compile_shared_library
 from cocktailer.runtime.cpu import check_native
 from cocktailer.runtime.native import CompiledProgram
@@ -58,6 +58,13 @@ def _segments(region: Region, users: dict[int, set[int]]) -> list:
     return segments
 
 
+def _accesses(segment) -> tuple[set[int], set[int]]:
+    """(ids read, ids defined) of a control-flow op or a basic block."""
+    if isinstance(segment, Operation):
+        return {v.id for v in segment.reads()}, {r.id for r in segment.results}
+    return {v.id for v in segment.inputs}, {r.id for op in segment.ops for r in op.results}
+
+
 class HostExecutor(ReferenceExecutor):
     def __init__(self, program: Program, workers: int | None = None):
         super().__init__(program)
@@ -96,11 +103,17 @@ class HostExecutor(ReferenceExecutor):
         return [s for segments in self.segments.values() for s in segments if isinstance(s, _Block)]
 
     def run_region(self, region: Region, env: dict):
-        for segment in self.segments[id(region)]:
+        segments = self.segments[id(region)]
+        dead = self._dead.get(id(region))
+        if dead is None:
+            dead = self._dead[id(region)] = dead_after(region, [_accesses(s) for s in segments])
+        for segment, gone in zip(segments, dead):
             if isinstance(segment, Operation):
                 self.run_op(segment, env)
             else:
                 outs = segment.compiled([env[v.id] for v in segment.inputs])
                 for v, t in zip(segment.outputs, outs):
                     env[v.id] = t
+            for vid in gone:
+                env.pop(vid, None)   # a block's value used only inside it was never in env
         return [env[v.id] for v in region.yields]
