@@ -31,6 +31,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--min-seconds", type=float, help="seconds of timed runs at least (default 2; --quick: 0.25)")
     p.add_argument("--threads", type=int, help="threads for every system (default: each library's own, all "
                                                   "cores); 1 gives steadier numbers on a busy machine")
+    p.add_argument("--interleave", action="store_true", help="time a workload's systems in rounds (one run of "
+                   "each per round) instead of one after another: steadier comparisons on a shared machine")
     p.add_argument("--report", action="store_true", help="only rewrite table.md and the figures from --out")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
@@ -48,7 +50,8 @@ def config_from(args: argparse.Namespace, argv: list[str]) -> RunConfig:
         batches=tuple(int(b) for b in (_list(args.batch) or (["1"] if args.quick else ["1", "64"]))),
         systems=_list(args.systems), size=size, budget=budget,
         compile_timeout_s=args.compile_timeout or (60.0 if args.quick else 900.0),
-        fresh=args.fresh, quick=args.quick, threads=args.threads, out_dir=args.out, argv=argv)
+        fresh=args.fresh, quick=args.quick, threads=args.threads, out_dir=args.out, argv=argv,
+        interleave=args.interleave)
 
 
 def _list(text: str | None) -> list[str] | None:

@@ -82,7 +82,9 @@ def _header(data: dict) -> str:
     lib = ", ".join(f"{k} {v[k] or 'missing'}" for k in ("torch", "jax", "onnxruntime", "numpy", "python") if k in v)
     mem = f"{m['memory_bytes'] / 2**30:.0f} GiB" if m.get("memory_bytes") else "?"
     commit = (git.get("commit") or "?")[:12] + (" (dirty tree)" if git.get("dirty") else "")
-    lines = [f"# Benchmark `{run.get('name', '?')}` (size={run.get('size')}, started {run.get('started')})", "",
+    resumed = f", resumed {run['started']}" if run.get("resumed_from") else ""
+    first = run.get("resumed_from") or run.get("started")
+    lines = [f"# Benchmark `{run.get('name', '?')}` (size={run.get('size')}, started {first}{resumed})", "",
              f"- machine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, {mem}; {lib}",
              f"- commit: {commit}"]
     if meas:
@@ -93,8 +95,8 @@ def _header(data: dict) -> str:
         lines.append(f"- note: load average {load[0]:.2f} on {m['cores']} cores when the run started: other "
                      "processes shared the machine, so times are noisier than they should be")
     if _traced_left_out(data):
-        lines.append("- the traced graph did not run on every backend (--quick runs it only eagerly and in JAX), so "
-                     "some systems have no '/ traced' ratio here (the full run has them)")
+        lines.append("- some systems have no '/ traced' ratio: their traced graph was not in this run (--quick runs it "
+                     "only eagerly and in JAX; --systems may leave it out)")
     lines.append("- times are medians of the timed runs, in ms; every result was checked against eager before timing")
     return "\n".join(lines)
 

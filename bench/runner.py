@@ -24,7 +24,7 @@ from bench.results import ResultStore
 from bench.status import NotTimed, Timeout, describe
 from bench.subject import Subject
 from bench.systems import System, all_systems, quick_selection, select, step_systems
-from bench.timing import FULL, Budget, measure, summarize
+from bench.timing import FULL, Budget, measure, measure_interleaved, summarize
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -42,6 +42,7 @@ class RunConfig:
     quick: bool = False
     seed: int = 0
     threads: int | None = None                 # None: every library's default (all cores)
+    interleave: bool = False                   # time a workload's systems in rounds, not one after another
     out_dir: pathlib.Path | None = None
     argv: list[str] = field(default_factory=list)
 
@@ -94,7 +95,8 @@ def set_threads(threads: int | None):
 def _run_info(config: RunConfig) -> dict:
     return {"name": config.name, "started": _now(), "argv": config.argv, "quick": config.quick,
             "threads": config.threads, "size": config.size, "batches": list(config.batches), "seed": config.seed,
-            "budget": asdict(config.budget), "compile_timeout_s": config.compile_timeout_s}
+            "budget": asdict(config.budget), "compile_timeout_s": config.compile_timeout_s,
+            "interleave": config.interleave}
 
 
 def _now() -> str:
@@ -117,13 +119,16 @@ def _run_workload(model: str, batch: int, systems: list[System], config: RunConf
     subject, expected = built
     info["roofline"] = _roofline(subject, store.data["machine"]["measured"])
     store.save()
-    for system in todo:
-        bar.set_description(f"{key} {system.name}")
-        subject.restore_inputs()
-        entry = bench_system(system, subject, expected, config)
-        _add_ratios(entry, info["roofline"])
-        store.put(key, system.name, entry)
-        bar.update(1)
+    if config.interleave:
+        _run_interleaved(key, todo, subject, expected, config, store, info, bar)
+    else:
+        for system in todo:
+            bar.set_description(f"{key} {system.name}")
+            subject.restore_inputs()
+            entry = bench_system(system, subject, expected, config)
+            _add_ratios(entry, info["roofline"])
+            store.put(key, system.name, entry)
+            bar.update(1)
     del subject, expected
     gc.collect()
 
@@ -160,8 +165,45 @@ def _roofline(subject: Subject, measured: dict) -> dict:
             "memory_s": counts["bytes"] / measured["bandwidth_bytes_s"]}
 
 
+def _run_interleaved(key, systems, subject, expected, config, store, info, bar):
+    """--interleave: prepare and check every system first, then time them in rounds, one run
+    of each per round, so that a slow spell of a shared machine hits all of them alike."""
+    ready, entries = [], {}
+    for system in systems:
+        bar.set_description(f"{key} {system.name}")
+        subject.restore_inputs()
+        entries[system.name], prepared = prepare_and_check(system, subject, expected, config)
+        if prepared is not None:
+            ready.append((system.name, prepared))
+    try:
+        times = measure_interleaved([p.run for _, p in ready], config.budget)
+    except Exception as exc:
+        for name, _ in ready:
+            entries[name] = {**entries[name], "status": status.FAILED, "reason": f"running: {describe(exc)}"}
+        times = []
+    for (name, _), samples in zip(ready, times):
+        entries[name] = {**entries[name], "status": status.OK, "interleaved": True, **summarize(samples),
+                         "times_s": samples}
+    for system in systems:
+        _add_ratios(entries[system.name], info["roofline"])
+        store.put(key, system.name, entries[system.name])
+        bar.update(1)
+
+
 def bench_system(system: System, subject: Subject, expected: Any, config: RunConfig) -> dict:
     """Prepare, check against eager, then time one system on one workload."""
+    entry, prepared = prepare_and_check(system, subject, expected, config)
+    if prepared is None:
+        return entry
+    try:
+        times = measure(prepared.run, config.budget)
+    except Exception as exc:
+        return {**entry, "status": status.FAILED, "reason": f"running: {describe(exc)}"}
+    return {**entry, "status": status.OK, **summarize(times), "times_s": times}
+
+
+def prepare_and_check(system: System, subject: Subject, expected: Any, config: RunConfig) -> tuple[dict, Any]:
+    """The entry so far and the prepared system, or the entry with why it is not timed and None."""
     entry: dict = {"kind": system.kind, "backend": system.backend, "traced": system.traced}
     try:
         system.require()
@@ -171,19 +213,15 @@ def bench_system(system: System, subject: Subject, expected: Any, config: RunCon
             first = prepared.run()   # jit systems compile here: part of preparing, not of timing
         entry["prepare_s"] = time.perf_counter() - start
     except (NotTimed, Timeout) as exc:
-        return {**entry, "status": exc.status, "reason": exc.reason}
+        return {**entry, "status": exc.status, "reason": exc.reason}, None
     except Exception as exc:
-        return {**entry, "status": status.FAILED, "reason": f"preparing: {describe(exc)}"}
+        return {**entry, "status": status.FAILED, "reason": f"preparing: {describe(exc)}"}, None
     entry["info"] = _jsonable(prepared.info())
     check = compare(prepared.to_result(first), expected)
     entry["check"] = check.to_json()
     if not check.passed:
-        return {**entry, "status": status.WRONG, "reason": check.detail}
-    try:
-        times = measure(prepared.run, config.budget)
-    except Exception as exc:
-        return {**entry, "status": status.FAILED, "reason": f"running: {describe(exc)}"}
-    return {**entry, "status": status.OK, **summarize(times), "times_s": times}
+        return {**entry, "status": status.WRONG, "reason": check.detail}, None
+    return entry, prepared
 
 
 def _add_ratios(entry: dict, roof: dict):

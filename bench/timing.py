@@ -38,6 +38,33 @@ def measure(fn: Callable[[], object], budget: Budget) -> list[float]:
             gc.enable()
 
 
+def measure_interleaved(fns: list[Callable[[], object]], budget: Budget) -> list[list[float]]:
+    """Seconds of each timed call of each of `fns`, timed in rounds (one call of each per
+    round) until every one has the budget's minimum runs and time, or the round limits."""
+    for _ in range(budget.warmup):
+        for fn in fns:
+            fn()
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    times: list[list[float]] = [[] for _ in fns]
+    start = time.perf_counter()
+    try:
+        while fns and len(times[0]) < budget.max_runs:
+            for fn, samples in zip(fns, times):
+                t0 = time.perf_counter_ns()
+                fn()
+                samples.append((time.perf_counter_ns() - t0) * 1e-9)
+            if all(len(s) >= budget.min_runs and sum(s) >= budget.min_seconds for s in times):
+                break
+            if len(times[0]) >= 3 and time.perf_counter() - start >= budget.max_seconds * len(fns):
+                break
+    finally:
+        if was_enabled:
+            gc.enable()
+    return times
+
+
 def _sample(fn, budget: Budget) -> list[float]:
     times: list[float] = []
     start = time.perf_counter()

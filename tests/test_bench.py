@@ -245,3 +245,28 @@ def test_step_by_step_systems_run_only_when_named():
     assert not any(s.name.startswith(("fig19:", "scaling:")) for s in select(all_systems(), None))
     names = [s.name for s in select(all_systems() + step_systems(), ["fig19", "scaling"])]
     assert names == ["fig19:host", "fig19:L1", "fig19:+distribute+hoist", "fig19:+measured", "scaling:1", "scaling:2"]
+
+
+def test_interleaved_timing_gives_every_system_its_runs():
+    from bench.timing import measure_interleaved
+    calls = {"a": 0, "b": 0}
+
+    def count(name):
+        def run():
+            calls[name] += 1
+        return run
+    times = measure_interleaved([count("a"), count("b")], Budget(warmup=1, min_runs=4, min_seconds=0, max_seconds=5))
+    assert [len(t) for t in times] == [4, 4] and calls == {"a": 5, "b": 5}
+
+
+def test_interleaved_run_times_systems_in_rounds(tmp_path, monkeypatch):
+    from bench import systems as systems_module
+    real = systems_module._eager
+    monkeypatch.setattr(systems_module, "_eager", lambda s: systems_module.Prepared(lambda: real(s).run() + 1.0))
+    config = RunConfig(models=["loopbranch"], batches=(1,), systems=["eager", "cocktailer:reference", "traced:reference"],
+                       budget=ONE_RUN, out_dir=tmp_path, quick=True, interleave=True)
+    systems = run(config, zoo=ZOO, progress=False)["workloads"]["loopbranch/b1"]["systems"]
+    assert systems["eager"]["status"] == status.WRONG and "times_s" not in systems["eager"]   # checked, not timed
+    for name in ("cocktailer:reference", "traced:reference"):
+        assert systems[name]["status"] == status.OK and systems[name]["interleaved"]
+        assert len(systems[name]["times_s"]) == systems[name]["runs"] >= 1
