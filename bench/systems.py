@@ -69,11 +69,20 @@ def all_systems() -> list[System]:
 # Figure 19 of the paper, on this machine: the cocktailer cpu backend step by step, each step
 # on top of the previous one; and its scaling from one worker thread to two. Run only when
 # named (`--systems eager,fig19,scaling`), not in the default run.
+def _measured(*steps: str) -> dict:
+    return {"policy": "measured", "steps": ("host level", "control flow at L1", *steps)}
+
+
 STEPS = [
     ("fig19:host", "host", {}),                               # control flow in Python (CocktailerBase)
     ("fig19:L1", "cpu", {"rewrite": False}),                  # control flow at L1, the simple policy
     ("fig19:+distribute+hoist", "cpu", {}),                   # + loop distribution, hoisted projections
-    ("fig19:+measured", "cpu", {"policy": "measured"}),       # + SetResource and recursion unroll, measured
+    # + the measured policy's steps, one more each time, each kept only if it measures faster
+    ("fig19:+resource", "cpu", _measured("SetResource")),
+    ("fig19:+recursion-unroll", "cpu", _measured("SetResource", "recursion unroll")),
+    ("fig19:+loop-unroll", "cpu", _measured("SetResource", "recursion unroll", "loop unroll")),
+    ("fig19:+wavefront", "cpu", _measured("SetResource", "recursion unroll", "loop unroll", "wavefront")),
+    ("fig19:+fine-barriers", "cpu", {"policy": "measured"}),   # every step, fine-grained barriers last
     ("scaling:1", "cpu", {"workers": 1}),
     ("scaling:2", "cpu", {"workers": 2}),
 ]

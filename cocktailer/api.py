@@ -29,7 +29,8 @@ BACKENDS: dict[str, Callable[[Program], Callable]] = {
 }
 AUTO_ORDER = ["cpu", "reference"]   # "auto" takes the first that can run the program
 NATIVE = {"cpu", "host"}
-OPTIONS = ("workers", "max_depth", "fan_out", "unroll", "rewrite", "policy", "samples")   # of the native backends (see compile)
+OPTIONS = ("workers", "max_depth", "fan_out", "unroll", "wavefront", "fine_barriers", "rewrite", "policy", "steps",
+           "samples")   # of the native backends (see compile)
 POLICIES = ("simple", "measured")
 
 
@@ -68,12 +69,16 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     `options` go to native backends: `workers` (threads; default all cores), `max_depth`
     (frames of the recursion stack; default 256: deeper recursion raises CompiledCallError),
     `fan_out` (cpu: independent recursive calls run at once on groups of workers), `unroll`
-    (cpu: innermost loops with a trip count run this many steps per iteration), `rewrite`
+    (cpu: innermost loops with a trip count run this many steps per iteration), `wavefront`
+    (cpu: Rammer's co-scheduling: independent operators side by side on groups of workers,
+    with fine-grained barriers, or global ones only with `fine_barriers=False`; not with
+    `fan_out`), `rewrite`
     (cpu, default True: loop distribution and hoisting; False only to measure them) and
     `policy`: "simple" (default: control flow at L1, the worker count by a size rule) or
     "measured" (cpu: candidates built and timed on this machine, the fastest kept; see
     cocktailer.explain), which times them on the example inputs and on `samples` (more
-    argument tuples shaped like them), and takes `workers` as the most it may use.
+    argument tuples shaped like them), and takes `workers` as the most it may use; `steps`
+    limits its search to some of `cocktailer.schedule.search.STEPS`.
     """
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(['auto', *BACKENDS])}")
@@ -188,9 +193,10 @@ class CompiledFunction:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         if name == "cpu" and policy == "measured":
-            settings = {k: v for k, v in self.options.items() if k in ("workers", "max_depth")}
+            settings = {k: v for k, v in self.options.items() if k in ("workers", "max_depth", "steps")}
             return measured_cpu_backend(program, samples, **settings)
-        allowed = {"cpu": ("workers", "max_depth", "fan_out", "unroll", "rewrite"), "host": ("workers",)}[name]
+        allowed = {"cpu": ("workers", "max_depth", "fan_out", "unroll", "wavefront", "fine_barriers", "rewrite"),
+                   "host": ("workers",)}[name]
         return BACKENDS[name](program, **{k: v for k, v in self.options.items() if k in allowed})
 
     def _needs_grad(self, args, kwargs) -> bool:

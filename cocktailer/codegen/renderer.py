@@ -17,7 +17,7 @@ import torch
 from cocktailer.codegen.kernels import KERNELS, PRELUDE, KernelContext, ctype
 from cocktailer.ir import Op, Operation, Program, Value
 from cocktailer.schedule.memory import MemoryPlan
-from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, UOperator, UProgram, UTaskRef
+from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, Sync, UOperator, UProgram, UTaskRef
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,11 @@ CPU = Dialect(
     name="c-openmp",
     headers=("stdint.h", "string.h", "math.h", "omp.h", "sched.h"),
     function_prefix="",
-    shared_decls="ct_barrier_t ct_bars[CT_MAX_NEST * nw]; memset(ct_bars, 0, sizeof ct_bars);",
+    shared_decls="ct_barrier_t ct_bars[CT_MAX_NEST * nw]; memset(ct_bars, 0, sizeof ct_bars); "
+                 "int64_t ct_steps[CT_STEP_STRIDE * nw]; memset(ct_steps, 0, sizeof ct_steps);",
     parallel_begin="#pragma omp parallel num_threads(nw)",
     worker_ids="const int ct_gw = omp_get_thread_num(); int w = ct_gw, W = omp_get_num_threads();",
-    barrier="ct_barrier(ct_team, W);",
+    barrier="if (ct_wait(ct_team, W, err)) goto ct_fail;",
     atomic_store="{{\n#pragma omp atomic write\n{dst} = {value};\n}}",
 )
 
@@ -48,8 +49,9 @@ _CORE_PRELUDE = r"""
    spins briefly, then yields its core: on a busy machine the worker it waits for may be
    descheduled, and spinning (as OpenMP's barrier does) would only keep it off the core.
    A team is a range of workers; the whole team is one, and a fan-out splits it into groups,
-   each with its own barrier (CT_MAX_NEST levels of splitting at most). ct_join is the barrier
-   after a fan-out: it also gives up when a worker of another group failed and left. */
+   each with its own barrier (CT_MAX_NEST levels of splitting at most). A waiter gives up when
+   another worker failed and left (err is set), so no worker waits for one that is gone;
+   ct_join is the barrier after a fan-out. */
 typedef struct { int64_t count; int64_t gen; char pad[48]; } ct_barrier_t;
 enum { CT_MAX_NEST = 8, CT_SLOTS = 8 };
 #if defined(__x86_64__) || defined(__i386__)
@@ -71,8 +73,19 @@ static inline int ct_wait(ct_barrier_t* b, int W, const int64_t* err) {
   }
   return 0;
 }
-static inline void ct_barrier(ct_barrier_t* b, int W) { (void)ct_wait(b, W, 0); }
 static inline int ct_join(ct_barrier_t* b, int W, const int64_t* err) { return ct_wait(b, W, err); }
+/* Rammer's fine-grained barrier-rTask: every worker publishes how many steps (fine-grained
+   barriers) it has passed in the step array, one cache line per worker; a worker that depends
+   on worker p waits until p has passed the same step. Every worker passes the same steps in
+   the same order (each runs its own copy of the control flow), so the counts agree. */
+enum { CT_STEP_STRIDE = 8 };
+static inline int ct_await(const int64_t* steps, int p, int64_t step, const int64_t* err) {
+  for (int spins = 0; __atomic_load_n(&steps[p * CT_STEP_STRIDE], __ATOMIC_ACQUIRE) < step; ++spins) {
+    if (__atomic_load_n(err, __ATOMIC_RELAXED)) return 1;
+    if (spins < 4096) ct_pause(); else sched_yield();
+  }
+  return 0;
+}
 /* every worker copies its share of n bytes */
 static inline void ct_copy(char* restrict dst, const char* restrict src, int64_t n, int w, int W) {
   if (dst == src) return;
@@ -91,6 +104,8 @@ class Rendered:
     entry: str = "cocktailer_run"   # the C function to call
     fans_out: bool = False          # calls fan out to worker groups: one stack of frames per worker
     prepacked: dict = field(default_factory=dict)   # constant slot name -> (source constant, NR) to prepack
+    co_scheduled: bool = False      # some operators run on a group of the workers (wavefront)
+    fine_barriers: bool = False     # some synchronizations are fine-grained (step array)
 
 
 class Renderer:
@@ -107,6 +122,8 @@ class Renderer:
         self.kernels: dict[str, str] = {}        # kernel body -> the C function that runs it
         self.signatures: dict[str, int] = {}     # function -> number of buffer arguments
         self.fans_out = False
+        self.co_scheduled = False   # some uTasks run on groups of workers: the schedule needs all its workers
+        self.fine_barriers = False
         self.prepacked: dict[str, tuple[str, int]] = {}   # constant slot name -> (source constant, NR)
 
     # -- addressing -------------------------------------------------------------------
@@ -157,6 +174,8 @@ class Renderer:
                 self.operator(item)
             elif isinstance(item, Barrier):
                 self.emit(self.d.barrier)
+            elif isinstance(item, Sync):
+                self.sync(item)
             elif isinstance(item, BranchUTask):
                 self.branch(item)
             elif isinstance(item, LoopUTask):
@@ -198,9 +217,24 @@ class Renderer:
         if function is None:
             function = self.kernels[body] = f"{self.entry}_k{len(self.kernels)}"
         loc = f" /* %{op.results[0].id} = {op.op.name.lower()}{', ' + str(op.loc) if op.loc else ''} */"
-        pointers = ", ".join(f"(char*){passed[key]}" for key in args)
-        self.emit(f"if ({function}({pointers}{', ' if args else ''}w, W, err)) goto ct_fail;{loc}")
+        pointers = ", ".join(f"(char*){passed[key]}" for key in args) + (", " if args else "")
+        if item.group is None:
+            self.emit(f"if ({function}({pointers}w, W, err)) goto ct_fail;{loc}")
+        else:   # only the op's group of workers runs it, each with its rank in the group
+            lo, hi = item.group
+            self.emit(f"if (w >= {lo} && w < {hi} && {function}({pointers}w - {lo}, {hi - lo}, err)) goto ct_fail;{loc}")
+            self.co_scheduled = True
         self.signatures[function] = len(args)
+
+    def sync(self, item: Sync):
+        """Publish this worker's step, then wait for the workers it depends on to reach it."""
+        self.emit("ct_step++; __atomic_store_n(&ct_steps[ct_gw * CT_STEP_STRIDE], ct_step, __ATOMIC_RELEASE);")
+        cases = []
+        for w, on in item.waits.items():
+            waits = " || ".join(f"ct_await(ct_steps, {p}, ct_step, err)" for p in on)
+            cases.append(f"case {w}: if ({waits}) goto ct_fail; break;")
+        self.emit(f"switch (w) {{ {' '.join(cases)} default: break; }}")
+        self.fine_barriers = True
 
     def _prepack(self, source: str, nr: int) -> int:
         """The constant table's slot for constant `source` prepacked for NR-wide panels; the
@@ -346,6 +380,8 @@ class Renderer:
         self.emit(f"  {d.worker_ids}")
         self.emit("  int64_t sp = -1; char* fp = arena;")
         self.emit("  int ct_lead = 0, ct_nest = 0;   /* this worker's team: its first worker, its depth of splitting */")
+        self.emit("  int64_t ct_step = 0;   /* fine-grained barriers passed (see ct_await) */")
+        workers_check = len(self.lines)
         self.emit("  ct_barrier_t* ct_team = &ct_bars[0]; char* stack = stack_all;")
         self.emit("  #define CT_TEAM() (ct_team = &ct_bars[ct_lead * CT_MAX_NEST + ct_nest], "
                   "stack = stack_all + (int64_t)ct_lead * max_depth * FRAME)")
@@ -364,6 +400,9 @@ class Renderer:
         for name in self.program.functions:
             if name != self.program.entry:
                 self.function(name)
+        if self.co_scheduled or self.fine_barriers:   # ops placed on worker k need worker k: fewer threads than asked would skip them
+            message = "the runtime started fewer worker threads than the schedule places uTasks on"
+            self.lines.insert(workers_check, f"  if (W != {self.up.device.workers}) {self.fail_here(message)}")
         self.lines = [self._resume(line[len("@@resume "):-2]) if line.startswith("@@resume ") else line
                       for line in self.lines]
         self.emit("ct_fail: ;")
@@ -384,7 +423,7 @@ class Renderer:
             functions.append(f"__attribute__((noinline)) static int {name}({params}int w, int W, int64_t* err) {{\n"
                              f"{body}\nreturn 0;\n}}")
         return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry, self.fans_out,
-                        self.prepacked)
+                        self.prepacked, self.co_scheduled, self.fine_barriers)
 
 
 # The entry function is the program's skeleton: kernel calls, barriers and control flow; the

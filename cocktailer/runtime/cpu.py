@@ -13,6 +13,7 @@ from cocktailer.passes.dce import dce
 from cocktailer.passes.fission import distribute_loops
 from cocktailer.passes.hoist import hoist_invariant_matmuls
 from cocktailer.passes.unroll import unroll_loops
+from cocktailer.passes.wavefront import wavefront_order
 from cocktailer.runtime.compiler import compile_shared_library
 from cocktailer.runtime.native import CompiledProgram
 from cocktailer.schedule import Device, SimplePolicy
@@ -47,19 +48,26 @@ def check_native(program: Program, backend: str):
 
 
 def cpu_backend(program: Program, workers: int | None = None, max_depth: int = DEFAULT_MAX_DEPTH,
-                fan_out: bool = False, unroll: int = 1, rewrite: bool = True) -> CompiledProgram:
+                fan_out: bool = False, unroll: int = 1, rewrite: bool = True, wavefront: bool = False,
+                fine_barriers: bool = True) -> CompiledProgram:
     """`fan_out`: independent calls (a recursion's subtrees) run at once on groups of workers.
     `unroll`: innermost loops with a trip count run this many steps per iteration.
+    `wavefront`: Rammer's co-scheduling: independent ops side by side on groups of workers,
+    `fine_barriers` (with wavefront): where not every worker must wait for every other, a
+    fine-grained barrier (step array) instead of a global one.
     `rewrite`: run CPU_PIPELINE (off only to measure what it buys)."""
     check_native(program, "cpu")
     device = Device.cpu(workers or useful_workers(program, Device.cpu().workers))
     passes = (CPU_PIPELINE if rewrite else []) + \
         ([("unroll_loops", functools.partial(unroll_loops, factor=unroll))] if unroll > 1 else []) + \
-        ([("gather_independent_calls", gather_independent_calls)] if fan_out else [])
-    if fan_out or any(op.op is Op.LOOP for op in program.walk()):   # what the passes rewrite: a traced
-        program = run_pipeline(program.clone(), passes)              # graph has neither (and 50,000 ops)
-    plan = plan_memory(program, fan_out)
-    uprogram = SimplePolicy(device, can_run_natively=kernels.supported, fan_out=fan_out).schedule(program, plan, "L1")
+        ([("gather_independent_calls", gather_independent_calls)] if fan_out else []) + \
+        ([("wavefront_order", wavefront_order)] if wavefront else [])
+    if fan_out or wavefront or any(op.op is Op.LOOP for op in program.walk()):   # what the passes rewrite:
+        program = run_pipeline(program.clone(), passes)          # a traced graph has no loop (and 50,000 ops)
+    plan = plan_memory(program, fan_out, device.workers if wavefront else 0)
+    policy = SimplePolicy(device, can_run_natively=kernels.supported, fan_out=fan_out, wavefront=wavefront,
+                          fine_barriers=fine_barriers)
+    uprogram = policy.schedule(program, plan, "L1")
     rendered = render(uprogram, plan, CPU)
     library = compile_shared_library(assemble([rendered]))
     return CompiledProgram(program, rendered, str(library), device.workers, max_depth, uprogram)

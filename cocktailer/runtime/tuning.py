@@ -12,7 +12,7 @@ from cocktailer.runtime.cpu import DEFAULT_MAX_DEPTH, cpu_backend
 from cocktailer.runtime.host import HostExecutor
 from cocktailer.runtime.native import default_workers
 from cocktailer.runtime.profiler import Profiler
-from cocktailer.schedule.search import Candidate, Trial, search
+from cocktailer.schedule.search import STEPS, Candidate, Trial, search
 
 
 class TunedProgram:
@@ -29,12 +29,22 @@ class TunedProgram:
 def build(program: Program, candidate: Candidate, max_depth: int = DEFAULT_MAX_DEPTH) -> Callable:
     if candidate.control == "host":
         return HostExecutor(program, workers=candidate.workers)
-    return cpu_backend(program, workers=candidate.workers, max_depth=max_depth, fan_out=candidate.fan_out,
-                       unroll=candidate.unroll)
+    built = cpu_backend(program, workers=candidate.workers, max_depth=max_depth, fan_out=candidate.fan_out,
+                        unroll=candidate.unroll, wavefront=candidate.wavefront, fine_barriers=candidate.fine_barriers)
+    if candidate.wavefront and not built.rendered.co_scheduled:
+        raise NothingToSchedule("no wave of independent operators balanced enough to run side by side")
+    if candidate.fine_barriers and not built.rendered.fine_barriers:
+        raise NothingToSchedule("every synchronization needs all workers: no fine-grained barrier to place")
+    return built
+
+
+class NothingToSchedule(RuntimeError):
+    """The candidate's step does not apply to this program (it would only repeat another)."""
 
 
 def measured_cpu_backend(program: Program, samples: list[list[torch.Tensor]], workers: int | None = None,
-                         max_depth: int = DEFAULT_MAX_DEPTH, profiler: Profiler | None = None) -> TunedProgram:
+                         max_depth: int = DEFAULT_MAX_DEPTH, profiler: Profiler | None = None,
+                         steps: tuple[str, ...] = STEPS) -> TunedProgram:
     profiler = profiler or Profiler(samples)
     built: dict[Candidate, Callable] = {}
 
@@ -42,5 +52,5 @@ def measured_cpu_backend(program: Program, samples: list[list[torch.Tensor]], wo
         executable = built[candidate] = build(program, candidate, max_depth)
         return profiler.latency(f"{executable.identity}\0{candidate}", executable)
 
-    best, trials = search(program, workers or default_workers(), measure)
+    best, trials = search(program, workers or default_workers(), measure, tuple(steps))
     return TunedProgram(built[best], best, trials)

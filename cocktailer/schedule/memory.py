@@ -12,7 +12,8 @@
 - loop counters and trip counts are per-worker slots ("locals"), one set per frame;
 - calls that fan out (run at once by different worker groups) are live together: each one's
   operands until the last of them starts, the results from the first, so no group writes a
-  buffer another group still reads.
+  buffer another group still reads; so are the ops of a wave that runs side by side
+  (Rammer's co-scheduling, `schedule.wavefront`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from cocktailer.ir import Function, Op, Operation, Program, Region, Value
 from cocktailer.passes.calls import independent_call_runs
+from cocktailer.schedule.wavefront import co_scheduled
 
 ALIGN = 64
 
@@ -51,8 +53,9 @@ def _nbytes(value: Value) -> int:
 class _Intervals:
     """Live intervals of one function's values in a pre-order numbering of its ops."""
 
-    def __init__(self, fan_out: bool = False):
+    def __init__(self, fan_out: bool = False, wave_workers: int = 0):
         self.fan_out = fan_out
+        self.wave_workers = wave_workers
         self.start: dict[int, int] = {}
         self.end: dict[int, int] = {}
         self.values: dict[int, Value] = {}
@@ -74,7 +77,7 @@ class _Intervals:
         self.last_read[v.id] = max(self.last_read.get(v.id, at), at)
 
     def walk(self, region: Region):
-        together = self._fan_outs(region)
+        together = self._together(region)
         for op in region.ops:
             self.pos += 1
             here = self.position[id(op)] = self.pos
@@ -109,11 +112,13 @@ class _Intervals:
                 if v.id in self.start and self.start[v.id] < start:
                     self.end[v.id] = max(self.end[v.id], end)
 
-    def _fan_outs(self, region: Region) -> dict[int, tuple[int, int]]:
-        """id(call) -> (calls of its fan-out before it, after it): a call takes one position."""
-        if not self.fan_out:
-            return {}
-        return {id(op): (k, len(run) - 1 - k) for run in independent_call_runs(region) for k, op in enumerate(run)}
+    def _together(self, region: Region) -> dict[int, tuple[int, int]]:
+        """id(op) -> (ops that run at the same time before it, after it), for calls that fan
+        out and for co-scheduled waves (contiguous in the region: an op takes one position)."""
+        runs = independent_call_runs(region) if self.fan_out else []
+        if self.wave_workers:
+            runs += [[op for op in region.ops if id(op) in wave] for wave in co_scheduled(region, self.wave_workers)]
+        return {id(op): (k, len(run) - 1 - k) for run in runs for k, op in enumerate(run)}
 
 
 def _execution_order(op: Operation) -> list[Region]:
@@ -144,9 +149,9 @@ def _pack(intervals: _Intervals, ids: list[int]) -> tuple[dict[int, int], int]:
     return offsets, top
 
 
-def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool,
+def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool, wave_workers: int,
                    passed_through: dict[int, Buffer] | None = None) -> int:
-    intervals = _Intervals(fan_out)
+    intervals = _Intervals(fan_out, wave_workers)
     for p in fn.params:
         intervals.define(p, 0)
     intervals.walk(fn.body)
@@ -248,13 +253,15 @@ def _passed_through(program: Program, plan: MemoryPlan) -> dict[int, Buffer]:
     return {pid: b for pid, b in source.items() if isinstance(b, Buffer)}
 
 
-def plan_memory(program: Program, fan_out: bool = False) -> MemoryPlan:
-    """`fan_out`: the schedule runs independent adjacent calls at once (recursion unroll)."""
+def plan_memory(program: Program, fan_out: bool = False, wave_workers: int = 0) -> MemoryPlan:
+    """`fan_out`: the schedule runs independent adjacent calls at once (recursion unroll).
+    `wave_workers`: it co-schedules waves on this many workers (0: it does not)."""
     plan = MemoryPlan()
-    plan.arena_bytes = _plan_function(program.main, plan, "arena", fan_out)
+    plan.arena_bytes = _plan_function(program.main, plan, "arena", fan_out, wave_workers)
     passed_through = _passed_through(program, plan)
     for name, fn in program.functions.items():
         if name != program.entry:
-            plan.frame_bytes = max(plan.frame_bytes, _plan_function(fn, plan, "frame", fan_out, passed_through))
+            plan.frame_bytes = max(plan.frame_bytes, _plan_function(fn, plan, "frame", fan_out, wave_workers,
+                                                                   passed_through))
     plan.locals_per_frame = max(plan.locals_per_frame, 1)
     return plan

@@ -8,17 +8,22 @@ baseline: control flow at L1 whenever legal (Constraint 1), each worker runs its
 of the control flow and its share of every uOperator, and a global barrier before every op
 that reads a buffer written since the last barrier (read after write) or writes a buffer
 read or written since then (write after read: the memory plan reuses buffers), and before
-every control-flow construct."""
+every control-flow construct. With `wavefront` (Rammer's co-scheduling), the independent
+ops of a wave may instead run side by side on groups of workers (`place_wave`), and where
+not every worker must wait for every other, a fine-grained barrier (`Sync`: a step array of
+per-worker counters) makes each worker wait only for those it depends on."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable
 
 from cocktailer.ir import Op, Operation, Program, Region, Value
 from cocktailer.ir.ops import BINARY, UNARY
 from cocktailer.schedule.device import Device
 from cocktailer.schedule.memory import MemoryPlan
+from cocktailer.schedule.wavefront import co_scheduled, op_work
 from cocktailer.passes.calls import independent_call_runs
-from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, UOperator, UProgram, UTaskRef
+from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, Sync, UOperator, UProgram, UTaskRef
 
 MAP_OPS = UNARY | BINARY | {Op.WHERE, Op.FULL}
 
@@ -41,19 +46,6 @@ def map_partition(op: Operation) -> tuple[int, int] | None:
 MIN_WORK_FOR_PARALLELISM = 1 << 15
 
 
-def op_work(op: Operation) -> int:
-    """Multiply-adds of a contraction, elements written otherwise."""
-    out = op.results[0].type if op.results else None
-    if out is None:
-        return 0
-    if op.op is Op.MATMUL:
-        return out.numel * op.operands[0].type.shape[-1]
-    if op.op is Op.CONV2D:
-        w = op.operands[1].type.shape
-        return out.numel * w[1] * w[2] * w[3]
-    return out.numel
-
-
 def useful_workers(program: Program, available: int) -> int:
     """SetResource for the simple policy: all workers, unless every op is tiny."""
     largest = max((op_work(op) for op in program.walk() if op.op not in (Op.IF, Op.LOOP, Op.CALL)), default=0)
@@ -64,9 +56,15 @@ class SimplePolicy:
     """Control flow at L1; one uTask per worker for every operator; global barriers."""
 
     def __init__(self, device: Device, profiler: Callable[[UProgram], float] | None = None,
-                 can_run_natively: Callable[[Operation], bool] = lambda op: True, fan_out: bool = False):
+                 can_run_natively: Callable[[Operation], bool] = lambda op: True, fan_out: bool = False,
+                 wavefront: bool = False, fine_barriers: bool = True):
+        if fan_out and wavefront:
+            # a fan-out's groups run different numbers of steps, so the step array would disagree
+            raise ValueError("wavefront co-scheduling and fan-out of calls cannot be combined")
         self.device = device
         self.fan_out = fan_out              # run adjacent independent calls on worker groups at once
+        self.wavefront = wavefront          # Rammer: independent ops of a wave side by side on worker groups
+        self.fine_barriers = fine_barriers  # where not all wait for all, a step-array barrier, not a global one
         self.profiler = profiler            # unused by this policy; Algorithm 1 compares candidates with it
         self.can_run_natively = can_run_natively
         self.units = {level.name: level.count for level in device.unit_levels}
@@ -98,9 +96,13 @@ class SimplePolicy:
         self.plan = plan
         functions = {name: self._block(fn.body) for name, fn in program.functions.items()}
         fan = "; independent calls fan out to worker groups" if self.fan_out else ""
+        barriers = "global barriers where all wait for all, else fine-grained ones" if self.fine_barriers \
+            else "global barriers"
+        tasks = ("wavefront: independent operators of a wave side by side on worker groups where balanced, "
+                 f"else one uTask per worker; {barriers}" if self.wavefront
+                 else "one uTask per worker per operator; global barriers")
         return UProgram(program, self.device, functions, control_level,
-                        [f"control flow at {control_level} ({why}); {self.units['L1']} worker(s); "
-                         f"one uTask per worker per operator; global barriers{fan}"])
+                        [f"control flow at {control_level} ({why}); {self.units['L1']} worker(s); {tasks}{fan}"])
 
     def _range(self, v: Value) -> tuple | None:
         """The shared memory a value occupies (inputs and constants are never written;
@@ -110,30 +112,31 @@ class SimplePolicy:
 
     def _block(self, region: Region) -> Block:
         block = Block()
-        read: list[tuple] = []      # (range, partition) read since the last barrier
-        written: list[tuple] = []   # (range, partition) written since the last barrier
+        hazards = _Hazards(self.units["L1"], self.fine_barriers)
+        groups = {k: g for wave in co_scheduled(region, self.units["L1"]) for k, g in wave.items()} \
+            if self.wavefront else {}
         fan_outs = {id(run[0]): run for run in independent_call_runs(region)} if self.fan_out else {}
         grouped = {id(op) for run in fan_outs.values() for op in run}
         for op in region.ops:
             if op.regions or op.op is Op.CALL:
                 if id(op) in grouped and id(op) not in fan_outs:
                     continue   # scheduled with the first call of its fan-out
-                if read or written:
+                if hazards.pending():
                     block.items.append(Barrier(tuple(op.operands)))
                 run = fan_outs.get(id(op))
                 block.items.append(FanOut([self._control(c) for c in run], "L1") if run else self._control(op))
-                read, written = [], []   # control flow ends with a barrier
+                hazards = _Hazards(self.units["L1"], self.fine_barriers)   # control flow ends with a barrier
                 continue
+            group = groups.get(id(op))
             key = map_partition(op)
             aligned = lambda v: key if key is not None and v.type.shape == op.results[0].type.shape else None
             reads = [(r, aligned(v)) for v in op.reads() if (r := self._range(v)) is not None]
             writes = [(r, key) for v in op.results if (r := self._range(v)) is not None]
-            if _conflict(reads, written) or _conflict(writes, read + written):
-                block.items.append(Barrier(tuple(op.operands)))
-                read, written = [], []
-            block.items.append(self.schedule_operator(op))
-            read += reads
-            written += writes
+            waits = hazards.waits(group, reads, writes)
+            if waits:
+                block.items.append(hazards.synchronize(waits, tuple(op.operands)))
+            block.items.append(self.schedule_operator(op) if group is None else UOperator(op, group[1] - group[0], group))
+            hazards.record(group, reads, writes)
         return block
 
     def _control(self, op: Operation):
@@ -145,12 +148,71 @@ class SimplePolicy:
         return UTaskRef(op, op.attrs["callee"], "L1")
 
 
-def _conflict(accesses: list[tuple], earlier: list[tuple]) -> bool:
-    """Whether any access overlaps an earlier one by another worker: same memory, unless both
-    cover exactly the same buffer with the same partition (each worker its own elements)."""
-    for (x, kx) in accesses:
-        for (y, ky) in earlier:
-            if x[0] == y[0] and x[1] < y[2] and y[1] < x[2]:
-                if not (kx is not None and kx == ky and x == y):
-                    return True
-    return False
+class _Hazards:
+    """The accesses to shared memory since each worker last synchronized with the workers
+    that made them, for choosing where to synchronize and whom to wait for: a worker about
+    to read memory another worker wrote, or to write memory another read or wrote, must
+    first wait for that worker (read after write, write after read/write: the memory plan
+    reuses buffers). Two accesses by the same group to the same buffer with the same map
+    partition touch each worker's own elements only, and need no wait."""
+
+    def __init__(self, workers: int, fine: bool = True):
+        self.workers = workers
+        self.fine = fine   # False: every synchronization is a global barrier
+        self.records: list[_Access] = []
+
+    def pending(self) -> bool:
+        return bool(self.records)
+
+    def waits(self, group, reads: list[tuple], writes: list[tuple]) -> dict[int, set[int]]:
+        """For each worker of `group` (None: all), the workers it must wait for first."""
+        accesses = [(a, False) for a in reads] + [(a, True) for a in writes]
+        waits: dict[int, set[int]] = {}
+        for x in _members(group, self.workers):
+            for rec in self.records:
+                others = rec.workers - {x}
+                if others and x not in rec.synced and any(rec.conflicts(a, group, write) for a, write in accesses):
+                    waits.setdefault(x, set()).update(others)
+        return waits
+
+    def synchronize(self, waits: dict[int, set[int]], reason: tuple) -> Barrier | Sync:
+        """A global barrier where every worker waits for every other; else a fine-grained one."""
+        everyone = set(range(self.workers))
+        if not self.fine or all(waits.get(x, set()) >= everyone - {x} for x in everyone):
+            self.records = []
+            return Barrier(reason)
+        for x, on in waits.items():
+            for rec in self.records:
+                if rec.workers - {x} <= on:
+                    rec.synced.add(x)
+        self.records = [r for r in self.records if not r.settled(everyone)]
+        return Sync({x: tuple(sorted(on)) for x, on in sorted(waits.items())})
+
+    def record(self, group, reads: list[tuple], writes: list[tuple]):
+        members = frozenset(_members(group, self.workers))
+        self.records += [_Access(r, k, group, members, False) for r, k in reads]
+        self.records += [_Access(r, k, group, members, True) for r, k in writes]
+
+
+@dataclass
+class _Access:
+    span: tuple           # (space, begin, end) of shared memory
+    partition: tuple | None
+    group: tuple | None
+    workers: frozenset
+    write: bool
+    synced: set = field(default_factory=set)   # workers that waited for all of `workers` since
+
+    def conflicts(self, access: tuple, group, write: bool) -> bool:
+        span, partition = access
+        if not (write or self.write) or span[0] != self.span[0] or not (span[1] < self.span[2] and self.span[1] < span[2]):
+            return False
+        return not (partition is not None and partition == self.partition and span == self.span and group == self.group)
+
+    def settled(self, everyone: set[int]) -> bool:
+        """Every worker has waited for it, or made it alone."""
+        return all(x in self.synced or self.workers == {x} for x in everyone)
+
+
+def _members(group, workers: int) -> range:
+    return range(*group) if group is not None else range(workers)

@@ -3,7 +3,7 @@ between them, and the control-flow uTasks with the level they run at (for explai
 from __future__ import annotations
 
 from cocktailer.ir import Op
-from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, UOperator, UProgram, UTaskRef
+from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, Sync, UOperator, UProgram, UTaskRef
 
 
 def format_uprogram(up: UProgram) -> str:
@@ -24,8 +24,10 @@ def _block(block: Block, lines: list[str], indent: str):
         if isinstance(item, UOperator):
             op = item.op
             result = f"%{op.results[0].id} = " if op.results else ""
-            tasks = "1 uTask on w0" if item.num_tasks == 1 else \
-                f"{item.num_tasks} uTasks, one per worker (w0..w{item.num_tasks - 1})"
+            lo, hi = item.group or (0, item.num_tasks)
+            tasks = f"1 uTask on w{lo}" if hi - lo == 1 else f"{hi - lo} uTasks, one per worker (w{lo}..w{hi - 1})"
+            if item.group is not None:
+                tasks += " [co-scheduled]"
             if op.op is Op.CONST:
                 tasks = "bound zero-copy, no uTask"
             lines.append(f"{indent}{result}{op.op.name.lower()} {op.results[0].type if op.results else ''}: "
@@ -33,6 +35,9 @@ def _block(block: Block, lines: list[str], indent: str):
         elif isinstance(item, Barrier):
             reason = ", ".join(f"%{v.id}" for v in item.reason)
             lines.append(f"{indent}barrier (all workers{'; before reading ' + reason if reason else ''})")
+        elif isinstance(item, Sync):
+            waits = "; ".join(f"w{w} waits for {', '.join(f'w{p}' for p in on)}" for w, on in item.waits.items())
+            lines.append(f"{indent}fine-grained barrier (step array: {waits or 'no waits'})")
         elif isinstance(item, LoopUTask):
             lines.append(f"{indent}loop-uTask at {item.level}{_where(item.op)}")
             if item.cond is not None:

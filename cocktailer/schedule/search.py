@@ -10,7 +10,13 @@ steps are whole-program (every construct moves together), in this order:
 3. SetResource: fewer L1 units (workers), halving down to one;
 4. recursion unroll: independent calls fan out to groups of workers, at the best worker
    count so far and at all workers;
-5. loop unroll: innermost loops with a trip count run UNROLL steps per iteration.
+5. loop unroll: innermost loops with a trip count run UNROLL steps per iteration;
+6. wavefront co-scheduling (Rammer): independent ops of a wave side by side on groups of
+   workers where balanced (the choice between an op's variant on all workers and on a group),
+   synchronized by global barriers;
+7. fine-grained barriers: the same, each worker waiting only for the workers it depends on.
+
+`steps` limits the search to a prefix of these (the benchmark's Figure 19 adds them one by one).
 
 The schedule layer only decides what to try: `measure(candidate)` (given by the runtime)
 builds and times a candidate, or raises if it cannot be built, and the search goes on
@@ -28,6 +34,8 @@ from cocktailer.passes.unroll import unrollable
 # A step is kept only when it is at least this much faster (a smaller difference is noise).
 KEEP_MARGIN = 0.97
 UNROLL = 4   # the loop unroll step tries this many steps per iteration
+STEPS = ("host level", "control flow at L1", "SetResource", "recursion unroll", "loop unroll", "wavefront",
+         "fine-grained barriers")
 
 
 @dataclass(frozen=True)
@@ -36,12 +44,16 @@ class Candidate:
     workers: int = 1         # L1 units (SetResource)
     fan_out: bool = False    # recursion unroll: independent calls on groups of workers at once
     unroll: int = 1          # loop unroll: steps per iteration of innermost loops with a trip count
+    wavefront: bool = False  # independent ops side by side on groups of workers
+    fine_barriers: bool = False   # with wavefront: each worker waits only for those it depends on
 
     def __str__(self) -> str:
         where = "control flow at L1" if self.control == "L1" else "control flow on the host"
         fan = ", independent calls fan out" if self.fan_out else ""
         unroll = f", loops unrolled by {self.unroll}" if self.unroll > 1 else ""
-        return f"{where}, {self.workers} worker{'s' if self.workers > 1 else ''}{fan}{unroll}"
+        wave = (", wavefront co-scheduling" + (" with fine-grained barriers" if self.fine_barriers else "")
+                if self.wavefront else "")
+        return f"{where}, {self.workers} worker{'s' if self.workers > 1 else ''}{fan}{unroll}{wave}"
 
 
 @dataclass
@@ -65,11 +77,17 @@ def has_control_flow(program: Program) -> bool:
     return any(op.op in CONTROL for op in program.walk())
 
 
-def search(program: Program, workers: int, measure: Callable[[Candidate], float]) -> tuple[Candidate, list[Trial]]:
+def search(program: Program, workers: int, measure: Callable[[Candidate], float],
+           steps: tuple[str, ...] = STEPS) -> tuple[Candidate, list[Trial]]:
+    unknown = set(steps) - set(STEPS)
+    if unknown:
+        raise ValueError(f"unknown policy steps {sorted(unknown)}; known: {', '.join(STEPS)}")
     trials: list[Trial] = []
     best: list[Trial] = []   # the kept trial (at most one)
 
     def attempt(step: str, candidate: Candidate):
+        if step not in steps:
+            return
         trial = Trial(step, candidate)
         trials.append(trial)
         try:
@@ -84,6 +102,10 @@ def search(program: Program, workers: int, measure: Callable[[Candidate], float]
             best[:] = [trial]
 
     everything_at_l1 = Candidate("L1", workers)
+
+    def best_at_l1() -> Candidate:
+        return best[0].candidate if best and best[0].candidate.control == "L1" else everything_at_l1
+
     if has_control_flow(program):
         attempt("host level", Candidate("host", workers))
     attempt("control flow at L1", everything_at_l1)
@@ -92,13 +114,17 @@ def search(program: Program, workers: int, measure: Callable[[Candidate], float]
         attempt("SetResource", replace(best[0].candidate if best else everything_at_l1, workers=units))
         units //= 2
     if has_independent_calls(program) and workers > 1:
-        base = best[0].candidate if best and best[0].candidate.control == "L1" else everything_at_l1
+        base = best_at_l1()
         for units in sorted({base.workers, workers}, reverse=True):
             if units > 1:
                 attempt("recursion unroll", replace(base, workers=units, fan_out=True))
     if any(unrollable(op) for op in program.walk()):
-        base = best[0].candidate if best and best[0].candidate.control == "L1" else everything_at_l1
-        attempt("loop unroll", replace(base, unroll=UNROLL))
+        attempt("loop unroll", replace(best_at_l1(), unroll=UNROLL))
+    base = best_at_l1()
+    if base.workers > 1 and not base.fan_out:   # a fan-out's groups already split the workers
+        attempt("wavefront", replace(base, wavefront=True))
+        attempt("fine-grained barriers", replace(best_at_l1() if best_at_l1().wavefront else base,
+                                                 wavefront=True, fine_barriers=True))
     if not best:
         raise NoCandidate(trials)
     return best[0].candidate, trials

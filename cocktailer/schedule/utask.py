@@ -15,6 +15,15 @@ from cocktailer.schedule.device import Device
 class UOperator:
     op: Operation
     num_tasks: int        # uTasks: the op's output split into this many tiles, dealt to the L1 units
+    group: tuple[int, int] | None = None   # the workers [lo, hi) its uTasks go to; None: all of them
+
+
+@dataclass
+class Sync:
+    """Rammer's barrier-rTask: every worker publishes its step in a step array of per-worker
+    counters, then worker w waits only for the workers `waits[w]` (those whose earlier uTasks
+    wrote what w reads next, or read what w writes next) to reach the same step."""
+    waits: dict[int, tuple[int, ...]]
 
 
 @dataclass
@@ -63,7 +72,7 @@ class FanOut:
     level: str
 
 
-Item = Union[UOperator, Barrier, LoopUTask, BranchUTask, UTaskRef, FanOut]
+Item = Union[UOperator, Barrier, Sync, LoopUTask, BranchUTask, UTaskRef, FanOut]
 
 
 @dataclass
