@@ -75,6 +75,9 @@ def _measured(*steps: str) -> dict:
 
 STEPS = [
     ("fig19:host", "host", {}),                               # control flow in Python (CocktailerBase)
+    # Algorithm 1's first moves: constructs nested deeper than the function body at L1 in native
+    # blocks, the outermost still on the host (the same as fig19:host where nothing is nested)
+    ("fig19:nested-at-L1", "cpu", {"policy": "measured", "steps": ("host level", "nested constructs at L1")}),
     ("fig19:L1", "cpu", {"rewrite": False}),                  # control flow at L1, the simple policy
     ("fig19:+distribute+hoist", "cpu", {}),                   # + loop distribution, hoisted projections
     # + the measured policy's steps, one more each time, each kept only if it measures faster

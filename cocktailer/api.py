@@ -16,7 +16,7 @@ from cocktailer.passes.fold_constants import refresh_derived
 from cocktailer.reference import ReferenceExecutor
 from cocktailer.reference.trace import traced_graph
 
-from cocktailer.runtime.cpu import BackendUnavailable, cpu_backend
+from cocktailer.runtime.cpu import BackendUnavailable, cpu_backend, unsupported_ops
 from cocktailer.runtime.compiler import find_compiler
 from cocktailer.runtime.host import HostExecutor
 from cocktailer.runtime.tuning import measured_cpu_backend
@@ -30,7 +30,7 @@ BACKENDS: dict[str, Callable[[Program], Callable]] = {
 AUTO_ORDER = ["cpu", "reference"]   # "auto" takes the first that can run the program
 NATIVE = {"cpu", "host"}
 OPTIONS = ("workers", "max_depth", "fan_out", "unroll", "wavefront", "fine_barriers", "rewrite", "policy", "steps",
-           "samples")   # of the native backends (see compile)
+           "samples", "native_from")   # of the native backends (see compile)
 POLICIES = ("simple", "measured")
 
 
@@ -78,7 +78,9 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     "measured" (cpu: candidates built and timed on this machine, the fastest kept; see
     cocktailer.explain), which times them on the example inputs and on `samples` (more
     argument tuples shaped like them), and takes `workers` as the most it may use; `steps`
-    limits its search to some of `cocktailer.schedule.search.STEPS`.
+    limits its search to some of `cocktailer.schedule.search.STEPS`. The "host" backend takes
+    `native_from=d`: control-flow constructs nested at least d deep in their function (0: all)
+    run inside its native blocks, where every op they control has a native kernel.
     """
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(['auto', *BACKENDS])}")
@@ -195,8 +197,14 @@ class CompiledFunction:
         if name == "cpu" and policy == "measured":
             settings = {k: v for k, v in self.options.items() if k in ("workers", "max_depth", "steps")}
             return measured_cpu_backend(program, samples, **settings)
+        missing = unsupported_ops(program) if name == "cpu" and program.device.type == "cpu" else []
+        if missing:   # Constraint 1, construct by construct: what has native kernels still runs natively
+            _warn_once(f"no native kernel for {'; '.join(missing)}: these ops run in Python, and so does the "
+                       "control flow around them; the rest runs in native blocks (see cocktailer.explain)")
+            settings = {k: v for k, v in self.options.items() if k in ("workers", "max_depth")}
+            return HostExecutor(program, native_from=0, **settings)
         allowed = {"cpu": ("workers", "max_depth", "fan_out", "unroll", "wavefront", "fine_barriers", "rewrite"),
-                   "host": ("workers",)}[name]
+                   "host": ("workers", "native_from", "max_depth")}[name]
         return BACKENDS[name](program, **{k: v for k, v in self.options.items() if k in allowed})
 
     def _needs_grad(self, args, kwargs) -> bool:

@@ -68,12 +68,13 @@ def _policy(executable) -> str:
 
 def _levels(program: Program, executable) -> str:
     chosen = _chosen(executable)
-    level = "host" if isinstance(chosen, HostExecutor) else "L1"
     lines = ["== control flow: where each construct runs =="]
     for name, fn in program.functions.items():
         for op in fn.body.walk():
             if op.op in CONTROL:
                 what = f"call @{op.attrs['callee']}" if "callee" in op.attrs else op.op.name.lower()
+                level = "L1" if not isinstance(chosen, HostExecutor) else \
+                    "L1 (in a native block)" if id(op) in chosen.native else "host"
                 lines.append(f"{what} in @{name}{f' at {op.loc}' if op.loc else ''}: {level}")
     if len(lines) == 1:
         lines.append("(no control flow: one basic block)")

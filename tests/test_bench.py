@@ -244,7 +244,7 @@ def test_step_by_step_systems_run_only_when_named():
     from bench.systems import all_systems, select, step_systems
     assert not any(s.name.startswith(("fig19:", "scaling:")) for s in select(all_systems(), None))
     names = [s.name for s in select(all_systems() + step_systems(), ["fig19", "scaling"])]
-    assert names == ["fig19:host", "fig19:L1", "fig19:+distribute+hoist", "fig19:+resource", "fig19:+recursion-unroll",
+    assert names == ["fig19:host", "fig19:nested-at-L1", "fig19:L1", "fig19:+distribute+hoist", "fig19:+resource", "fig19:+recursion-unroll",
                      "fig19:+loop-unroll", "fig19:+wavefront", "fig19:+fine-barriers", "scaling:1", "scaling:2"]
 
 

@@ -17,7 +17,7 @@ from cocktailer.reference import ReferenceExecutor
 from cocktailer.runtime import find_compiler, tuning
 from cocktailer.runtime.profiler import Profiler
 from cocktailer.schedule.memory import plan_memory
-from cocktailer.schedule.search import STEPS, Candidate, NoCandidate, search
+from cocktailer.schedule.search import Candidate, NoCandidate, search
 
 try:
     from tests.utils import assert_same
@@ -183,15 +183,16 @@ def test_search_keeps_only_faster_steps_and_skips_candidates_that_fail():
     program = cocktailer.capture(RAE().eval(), inputs_for(perfect_tree(2)))
     host, l1, one = Candidate("host", 2), Candidate("L1", 2), Candidate("L1", 1)
     fan = Candidate("L1", 2, fan_out=True)
-    best, trials = search(program, 2, _fake_measure({host: 5.0, l1: 1.0, one: 0.99, fan: 0.5}))
+    steps = ("host level", "control flow at L1", "SetResource", "recursion unroll")   # tested elsewhere: the rest
+    best, trials = search(program, 2, _fake_measure({host: 5.0, l1: 1.0, one: 0.99, fan: 0.5}), steps=steps)
     assert [t.step for t in trials] == ["host level", "control flow at L1", "SetResource", "recursion unroll"]
     assert best == fan and [t.kept for t in trials] == [False, False, False, True]
     assert trials[2].seconds == 0.99   # within the noise margin of 1.0: not kept
     best, trials = search(program, 2, _fake_measure({host: 5.0, l1: 1.0, one: 2.0, fan: 0.5}, failing={fan}),
-                          steps=STEPS[:4])
+                          steps=steps)
     assert best == l1 and "gcc failed" in trials[-1].error and not trials[-1].kept
     with pytest.raises(NoCandidate, match="gcc failed"):
-        search(program, 2, _fake_measure({}, failing={host, l1, one, fan}))
+        search(program, 2, _fake_measure({}, failing={host, l1, one, fan}), steps=steps)
 
 
 @native
@@ -237,8 +238,9 @@ def test_explain_lists_ir_passes_candidates_levels_and_uprogram():
     assert "func @forward" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| step")]
     steps = [r.split(" | ")[0] for r in rows]
-    assert steps[:4] == ["| host level", "| control flow at L1", "| SetResource", "| recursion unroll"]
-    assert set(steps[4:]) <= {"| wavefront", "| fine-grained barriers"}   # tried unless recursion unroll was kept
+    assert steps[:5] == ["| host level", "| nested constructs at L1", "| control flow at L1", "| SetResource",
+                         "| recursion unroll"]
+    assert set(steps[5:]) <= {"| wavefront", "| fine-grained barriers"}   # tried unless recursion unroll was kept
     assert sum(r.rstrip().endswith("| kept |") for r in rows) == 1 and "chosen: control flow" in text
     assert "if in @forward at tree.py" in text and "call @forward in @forward" in text
     assert "uTask" in text and "function @forward:" in text

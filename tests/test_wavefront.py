@@ -16,7 +16,7 @@ from cocktailer.passes.wavefront import straight_line_runs, waves, wavefront_ord
 from cocktailer.runtime import find_compiler
 from cocktailer.schedule import Device, SimplePolicy
 from cocktailer.schedule.memory import plan_memory
-from cocktailer.schedule.search import STEPS, Candidate, search
+from cocktailer.schedule.search import Candidate, search
 from cocktailer.schedule.utask import Barrier, Sync, UOperator
 from cocktailer.schedule.wavefront import place_wave
 
@@ -58,7 +58,7 @@ def schedule(fn, inputs, workers=2, fine=True):
 
 
 def test_waves_group_independent_ops_and_the_order_respects_dependences():
-    program = wavefront_order(cocktailer.capture(two_branches, args((4, 16), (16, 16), (16, 16), (16, 8))))
+    program = wavefront_order(cocktailer.capture(two_branches, args((256, 64), (64, 64), (64, 64), (64, 8))))
     runs = straight_line_runs(program.main.body.ops)
     assert len(runs) == 1
     kinds = [[op.op for op in wave if op.op is not Op.CONST] for wave in waves(runs[0])]
@@ -70,17 +70,20 @@ def test_waves_group_independent_ops_and_the_order_respects_dependences():
 
 
 def test_place_wave_balances_or_keeps_every_op_on_all_workers():
-    program = cocktailer.capture(two_branches, args((4, 16), (16, 16), (16, 16), (16, 8)))
+    program = cocktailer.capture(two_branches, args((256, 64), (64, 64), (64, 64), (64, 8)))
     mm1, mm2 = [op for op in program.main.body.ops if op.op is Op.MATMUL][:2]
     assert sorted(place_wave([mm1, mm2], 2).values()) == [(0, 1), (1, 2)]
     assert sorted(place_wave([mm1, mm2], 5).values()) == [(0, 3), (3, 5)]   # fewer ops than workers
     assert place_wave([mm1], 2) == {} and place_wave([mm1, mm2], 1) == {}
-    small = next(op for op in program.main.body.ops if op.op is Op.TANH)   # 64 elements vs 1024 multiply-adds
-    assert place_wave([mm1, small], 2) == {}   # unbalanced: each runs on all workers in turn
+    small = cocktailer.capture(torch.tanh, args((8, 64),)).main.body.ops[-1]   # 512 elements: about a barrier's time
+    assert place_wave([mm1, small], 2) == {}
+    big = cocktailer.capture(lambda x, a, b: (x @ a, x @ b), args((8, 64), (64, 64), (64, 256)))
+    mm, wide = [op for op in big.main.body.ops if op.op is Op.MATMUL]
+    assert place_wave([mm, wide], 2) == {}   # 32K and 131K multiply-adds: unbalanced, each on all workers in turn
 
 
 def test_chains_on_one_worker_need_no_barrier_and_the_join_waits_for_both():
-    _, _, items = schedule(two_branches, args((4, 16), (16, 16), (16, 16), (16, 8)))
+    _, _, items = schedule(two_branches, args((256, 64), (64, 64), (64, 64), (64, 8)))
     ops = [i for i in items if isinstance(i, UOperator) and i.op.op is not Op.CONST]
     assert [(i.op.op, i.group) for i in ops[:4]] == [(Op.MATMUL, (0, 1)), (Op.MATMUL, (1, 2)),
                                                       (Op.TANH, (0, 1)), (Op.SIGMOID, (1, 2))]
@@ -90,7 +93,7 @@ def test_chains_on_one_worker_need_no_barrier_and_the_join_waits_for_both():
 
 
 def test_fine_grained_barrier_waits_only_for_the_worker_depended_on():
-    _, _, items = schedule(one_side_first, args((4, 16), (16, 16), (16, 16)))
+    _, _, items = schedule(one_side_first, args((8, 64), (64, 64), (64, 64)))
     syncs = [i for i in items if isinstance(i, Sync)]
     ops = [i for i in items if isinstance(i, UOperator) and i.op.op is not Op.CONST]
     side = {i.op.operands[1].id: i.group for i in ops if i.op.op is Op.MATMUL}
@@ -100,13 +103,13 @@ def test_fine_grained_barrier_waits_only_for_the_worker_depended_on():
     other = 1 - p_worker[0]
     assert syncs[0].waits == {other: (p_worker[0],)}   # relu on all workers: only the other one waits
     assert syncs[1].waits == {p_worker[0]: (other,)}   # the add: q's worker is waited for
-    _, _, global_only = schedule(one_side_first, args((4, 16), (16, 16), (16, 16)), fine=False)
+    _, _, global_only = schedule(one_side_first, args((8, 64), (64, 64), (64, 64)), fine=False)
     assert not any(isinstance(i, Sync) for i in global_only)
     assert sum(isinstance(i, Barrier) for i in global_only) == 1   # the first one orders q too
 
 
 def test_ops_side_by_side_never_share_a_buffer():
-    program, plan, items = schedule(two_branches, args((4, 16), (16, 16), (16, 16), (16, 8)))
+    program, plan, items = schedule(two_branches, args((256, 64), (64, 64), (64, 64), (64, 8)))
     side_by_side = [i.op for i in items if isinstance(i, UOperator) and i.group is not None]
     spans = []
     for op in side_by_side[:2]:   # the matmuls, then the activations, run at the same time
@@ -121,8 +124,8 @@ def test_ops_side_by_side_never_share_a_buffer():
 
 
 @native
-@pytest.mark.parametrize("fn,shapes", [(two_branches, ((4, 16), (16, 16), (16, 16), (16, 8))),
-                                       (one_side_first, ((4, 16), (16, 16), (16, 16)))])
+@pytest.mark.parametrize("fn,shapes", [(two_branches, ((256, 64), (64, 64), (64, 64), (64, 8))),
+                                       (one_side_first, ((8, 64), (64, 64), (64, 64)))])
 @pytest.mark.parametrize("workers,fine", [(2, True), (2, False), (4, True)])
 def test_wavefront_functions_match_eager(fn, shapes, workers, fine):
     inputs = args(*shapes, seed=3)
@@ -135,12 +138,21 @@ def test_wavefront_functions_match_eager(fn, shapes, workers, fine):
         assert_same(fast(*inputs), fn(*inputs), RTOL, ATOL)
 
 
+# Small models, widened where they have independent ops big enough to run side by side
+WIDER = {"lstm": {"hidden": 128, "input_size": 128}, "nasrnn": {"hidden": 64, "input_size": 64},
+         "attention": {"heads": 4, "head_dim": 32}, "seq2seq": {"hidden": 128}, "treefc": {"hidden": 160},
+         "treelstm": {"hidden": 128}, "rae": {"hidden": 128}}
+
+
 @native
 @pytest.mark.parametrize("name", models.names())
 def test_wavefront_on_the_zoo_matches_eager(name):
-    for batch, workers in ((1, 2), (2, 3)):
-        w = models.make(name, batch=batch, size="small", seed=5)
+    for batch, workers in ((1, 2), (2, 4)):
+        w = models.make(name, batch=batch, size="small", seed=5, **WIDER.get(name, {}))
         fast = cocktailer.compile(w.model, w.inputs, backend="cpu", options={"workers": workers, "wavefront": True})
+        (_, executable), = fast.cache.values()
+        if name in ("attention", "treefc"):   # independent projections in one wave: side by side
+            assert executable.rendered.co_scheduled, name
         with torch.no_grad():
             assert_same(fast(*w.inputs), w.model(*w.inputs), RTOL, ATOL, path=f"{name}/{batch}/{workers}")
 
@@ -157,7 +169,7 @@ class TwoLookups(nn.Module):
 
 @native
 def test_an_error_in_one_group_reaches_python_without_hanging():
-    a, b = torch.randn(8, 64), torch.randn(8, 64)
+    a, b = torch.randn(4, 1 << 14), torch.randn(4, 1 << 14)   # rows big enough to co-schedule
     i, j = torch.tensor(1), torch.tensor(2)
     fast = cocktailer.compile(TwoLookups(), (a, b, i, j), backend="cpu", options={"workers": 2, "wavefront": True})
     (_, executable), = fast.cache.values()
@@ -171,7 +183,7 @@ def test_an_error_in_one_group_reaches_python_without_hanging():
 
 
 def test_search_tries_wavefront_then_fine_barriers_unless_calls_fan_out():
-    program = cocktailer.capture(two_branches, args((4, 16), (16, 16), (16, 16), (16, 8)))
+    program = cocktailer.capture(two_branches, args((256, 64), (64, 64), (64, 64), (64, 8)))
     l1, one = Candidate("L1", 2), Candidate("L1", 1)
     wave = Candidate("L1", 2, wavefront=True)
     fine = Candidate("L1", 2, wavefront=True, fine_barriers=True)
@@ -182,7 +194,7 @@ def test_search_tries_wavefront_then_fine_barriers_unless_calls_fan_out():
     times[wave] = 2.0   # not kept: fine-grained barriers are tried on the best so far, with co-scheduling
     best, trials = search(program, 2, lambda c: times[c])
     assert best == fine and trials[-1].candidate == fine
-    best, trials = search(program, 2, lambda c: times[c], steps=STEPS[:3])
+    best, trials = search(program, 2, lambda c: times[c], steps=("control flow at L1", "SetResource"))
     assert best == l1 and [t.step for t in trials] == ["control flow at L1", "SetResource"]
     with pytest.raises(ValueError, match="unknown policy steps"):
         search(program, 2, lambda c: 1.0, steps=("wavefronts",))

@@ -1,18 +1,30 @@
 """The "host" backend, the paper's CocktailerBase: control flow stays in Python (as in the
 reference executor) and each basic block — a maximal run of data ops between control-flow
 ops — is one native call. Benchmarks compare it with control flow at L1 to show what
-moving control flow into the native program buys."""
+moving control flow into the native program buys.
+
+It is also where Algorithm 1 (Cocktailer §3.2) places control flow a level at a time:
+with `native_from=d`, every control-flow construct nested at least d deep in its function
+(0: those of the function's body) runs inside the native block around it, merged with its
+neighbouring data ops, while the constructs above stay in Python. Constraint 1 decides what
+may move: a construct runs natively only if every op it controls has a native kernel
+(through its regions and, for a call, the whole callee); a data op without one runs in
+Python with torch, between native blocks."""
 from __future__ import annotations
 
 from cocktailer.codegen.renderer import CPU, assemble, render
-from cocktailer.ir import Function, Op, Operation, Program, Region, Value
+from cocktailer.ir import CONTROL, Function, Op, Operation, Program, Region, Value
+from cocktailer.ir.program import clone_ops
 from cocktailer.reference.executor import ReferenceExecutor, dead_after
 from cocktailer.runtime.compiler import compile_shared_library
-from cocktailer.runtime.cpu import check_native
+from cocktailer.runtime.cpu import BackendUnavailable
 from cocktailer.runtime.native import CompiledProgram
 from cocktailer.schedule import Device, SimplePolicy
+from cocktailer.schedule.levels import native_legal, nesting_depths
 from cocktailer.schedule.memory import plan_memory
 from cocktailer.codegen import kernels
+
+DEFAULT_MAX_DEPTH = 256   # frames of a native block's recursion stack (the cpu backend's default)
 
 
 class _Block:
@@ -34,28 +46,43 @@ def _uses_outside(fn: Function) -> dict[int, set[int]]:
     return users
 
 
-def _segments(region: Region, users: dict[int, set[int]]) -> list:
-    """The region's ops as control-flow ops, constants (run by Python) and blocks."""
+def _segments(region: Region, users: dict[int, set[int]], native: set[int]) -> list:
+    """The region's ops as blocks (data ops with native kernels and the constructs in
+    `native`, one native call each) and single ops run by Python (other constructs,
+    constants, data ops without a native kernel)."""
     segments, run = [], []
 
     def close():
         if not run:
             return
-        inside = {id(o) for o in run}
+        inside = {id(o) for top in run for o in [top, *(n for r in top.regions for n in r.walk())]}
         defined = {r.id for o in run for r in o.results}
-        inputs = list({v.id: v for o in run for v in o.operands if v.id not in defined}.values())
+        inputs = list({v.id: v for o in run for v in o.reads() if v.id not in defined}.values())
         outputs = [r for o in run for r in o.results if users.get(r.id, set()) - inside]
         segments.append(_Block(list(run), inputs, outputs))
         run.clear()
 
     for op in region.ops:
-        if op.regions or op.op in (Op.CALL, Op.CONST):
+        if id(op) in native or (op.op not in CONTROL and op.op is not Op.CONST and kernels.supported(op)):
+            run.append(op)
+        else:
             close()
             segments.append(op)
-        else:
-            run.append(op)
     close()
     return segments
+
+
+def _callees(ops: list[Operation], program: Program) -> list[str]:
+    """The functions the ops call, directly or through other functions."""
+    found: list[str] = []
+    pending = [o for top in ops for o in [top, *(n for r in top.regions for n in r.walk())]]
+    while pending:
+        op = pending.pop()
+        name = op.attrs.get("callee") if op.op is Op.CALL else None
+        if name is not None and name not in found:
+            found.append(name)
+            pending += list(program.functions[name].body.walk())
+    return found
 
 
 def _accesses(segment) -> tuple[set[int], set[int]]:
@@ -66,15 +93,27 @@ def _accesses(segment) -> tuple[set[int], set[int]]:
 
 
 class HostExecutor(ReferenceExecutor):
-    def __init__(self, program: Program, workers: int | None = None):
+    def __init__(self, program: Program, workers: int | None = None, native_from: int | None = None,
+                 max_depth: int = DEFAULT_MAX_DEPTH):
         super().__init__(program)
+        if program.device.type != "cpu":
+            raise BackendUnavailable(f"the host backend runs CPU tensors; these are on {program.device}")
         self.library: str | None = None
-        check_native(program, "host")
+        self.max_depth = max_depth
+        depths = nesting_depths(program)
+        self.native = {k for k in native_legal(program, kernels.supported) if native_from is not None and depths[k] >= native_from}
         self.segments: dict[int, list] = {}
-        for fn in program.functions.values():
-            users = _uses_outside(fn)
-            for region in fn.body.regions():
-                self.segments[id(region)] = _segments(region, users)
+        users = {name: _uses_outside(fn) for name, fn in program.functions.items()}
+        pending = [(program.entry, program.main.body)]
+        while pending:   # the regions Python runs: not those inside a construct that runs natively
+            name, region = pending.pop()
+            if id(region) in self.segments:
+                continue
+            self.segments[id(region)] = _segments(region, users[name], self.native)
+            for op in (s for s in self.segments[id(region)] if isinstance(s, Operation)):
+                pending += [(name, r) for r in op.regions]
+                if op.op is Op.CALL:
+                    pending.append((op.attrs["callee"], program.functions[op.attrs["callee"]].body))
         self._compile(self.blocks, workers)
 
     def _compile(self, blocks: list[_Block], workers: int | None):
@@ -82,8 +121,14 @@ class HostExecutor(ReferenceExecutor):
         self.workers = device.workers
         parts = []
         for k, block in enumerate(blocks):
-            sub = Program({"main": Function("main", Region(block.inputs, block.ops, block.outputs))}, "main",
-                          self.program.constants, self.program.device)
+            # fresh values: a block taken from a recursive function calls that function, and
+            # one program must not define a value twice
+            rename = {v.id: Value(v.type, v.hint) for v in block.inputs}
+            params = [rename[v.id] for v in block.inputs]
+            ops = clone_ops(block.ops, rename)
+            functions = {"main": Function("main", Region(params, ops, [rename[v.id] for v in block.outputs]))}
+            functions.update({name: self.program.functions[name] for name in _callees(block.ops, self.program)})
+            sub = Program(functions, "main", self.program.constants, self.program.device)
             plan = plan_memory(sub)
             uprogram = SimplePolicy(device, can_run_natively=kernels.supported).schedule(sub, plan, "L1")
             parts.append((block, sub, uprogram, render(uprogram, plan, CPU, entry=f"block_{k}")))
@@ -91,12 +136,12 @@ class HostExecutor(ReferenceExecutor):
             return
         self.library = str(compile_shared_library(assemble([rendered for *_, rendered in parts])))
         for block, sub, uprogram, rendered in parts:
-            block.compiled = CompiledProgram(sub, rendered, self.library, device.workers, 1, uprogram)
+            block.compiled = CompiledProgram(sub, rendered, self.library, device.workers, self.max_depth, uprogram)
 
     @property
     def identity(self) -> str:
         """Changes whenever the blocks' code or the worker count does (the profiler's cache key)."""
-        return f"host:{self.library}:{self.workers}"
+        return f"host:{self.library}:{self.workers}:{self.max_depth}"
 
     @property
     def blocks(self) -> list[_Block]:

@@ -1,5 +1,6 @@
 """The "cpu" backend under the measured policy: every candidate the search proposes is built
-(the host level as a HostExecutor, control flow at L1 as one native program) and timed by
+(the host level, and constructs moved to L1 a level at a time, as a HostExecutor; control
+flow at L1 as one native program) and timed by
 the profiler on the sample inputs; the fastest is kept and the others are dropped."""
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from cocktailer.codegen import kernels
 from cocktailer.ir import Program
 from cocktailer.runtime.cpu import DEFAULT_MAX_DEPTH, cpu_backend
 from cocktailer.runtime.host import HostExecutor
@@ -28,7 +30,7 @@ class TunedProgram:
 
 def build(program: Program, candidate: Candidate, max_depth: int = DEFAULT_MAX_DEPTH) -> Callable:
     if candidate.control == "host":
-        return HostExecutor(program, workers=candidate.workers)
+        return HostExecutor(program, workers=candidate.workers, native_from=candidate.native_from, max_depth=max_depth)
     built = cpu_backend(program, workers=candidate.workers, max_depth=max_depth, fan_out=candidate.fan_out,
                         unroll=candidate.unroll, wavefront=candidate.wavefront, fine_barriers=candidate.fine_barriers)
     if candidate.wavefront and not built.rendered.co_scheduled:
@@ -52,5 +54,5 @@ def measured_cpu_backend(program: Program, samples: list[list[torch.Tensor]], wo
         executable = built[candidate] = build(program, candidate, max_depth)
         return profiler.latency(f"{executable.identity}\0{candidate}", executable)
 
-    best, trials = search(program, workers or default_workers(), measure, tuple(steps))
+    best, trials = search(program, workers or default_workers(), measure, tuple(steps), kernels.supported)
     return TunedProgram(built[best], best, trials)

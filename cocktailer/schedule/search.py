@@ -2,11 +2,17 @@
 
 Algorithm 1 starts with control flow on the host and moves it down to the lowest legal unit
 level, keeping each move only where the profiler says it is faster; then it sets resources
-and tries the control-flow optimizations, again keeping only what measures faster. Here the
-steps are whole-program (every construct moves together), in this order:
+and tries the control-flow optimizations, again keeping only what measures faster. The
+steps, in this order:
 
 1. the host level (control flow in Python, each basic block one native call);
-2. control flow at L1 (Constraint 1: legal when every op has a native kernel);
+2. bottom-up, a nesting level at a time: the constructs nested at least d deep (deepest d
+   first) move to L1, each inside the native block of its neighbouring data ops, while the
+   constructs above them stay on the host; a construct moves only if legal (Constraint 1:
+   every op it controls runs natively), so with ops that have no native kernel this is where
+   the policy ends up;
+2'. control flow at L1 for the whole program (legal when every op has a native kernel), with
+   the cpu backend's own rewrites;
 3. SetResource: fewer L1 units (workers), halving down to one;
 4. recursion unroll: independent calls fan out to groups of workers, at the best worker
    count so far and at all workers;
@@ -27,14 +33,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from cocktailer.ir import CONTROL, Program
+from cocktailer.ir import CONTROL, Op, Operation, Program
 from cocktailer.passes.calls import has_independent_calls
 from cocktailer.passes.unroll import unrollable
+from cocktailer.schedule.levels import native_legal, nesting_depths
 
 # A step is kept only when it is at least this much faster (a smaller difference is noise).
 KEEP_MARGIN = 0.97
 UNROLL = 4   # the loop unroll step tries this many steps per iteration
-STEPS = ("host level", "control flow at L1", "SetResource", "recursion unroll", "loop unroll", "wavefront",
+STEPS = ("host level", "nested constructs at L1", "control flow at L1", "SetResource", "recursion unroll", "loop unroll", "wavefront",
          "fine-grained barriers")
 
 
@@ -46,9 +53,12 @@ class Candidate:
     unroll: int = 1          # loop unroll: steps per iteration of innermost loops with a trip count
     wavefront: bool = False  # independent ops side by side on groups of workers
     fine_barriers: bool = False   # with wavefront: each worker waits only for those it depends on
+    native_from: int | None = None   # "host": constructs nested at least this deep run at L1 (in native blocks)
 
     def __str__(self) -> str:
         where = "control flow at L1" if self.control == "L1" else "control flow on the host"
+        if self.control == "host" and self.native_from is not None:
+            where = f"constructs nested {self.native_from}+ deep at L1 in native blocks, the rest on the host"
         fan = ", independent calls fan out" if self.fan_out else ""
         unroll = f", loops unrolled by {self.unroll}" if self.unroll > 1 else ""
         wave = (", wavefront co-scheduling" + (" with fine-grained barriers" if self.fine_barriers else "")
@@ -73,12 +83,22 @@ class NoCandidate(RuntimeError):
         super().__init__("no candidate could be built: " + "; ".join(f"{t.candidate}: {t.error}" for t in trials))
 
 
+def _levels_down(program: Program, can_run_natively: Callable[[Operation], bool]) -> list[int]:
+    """The nesting depths Algorithm 1 moves to L1, deepest first. Depth 0 with every op
+    native is the whole program at L1, the next step's candidate."""
+    depths = nesting_depths(program)
+    levels = sorted({depths[k] for k in native_legal(program, can_run_natively)}, reverse=True)
+    everything_native = all(can_run_natively(op) for op in program.walk() if op.op not in CONTROL and op.op is not Op.CONST)
+    return [d for d in levels if d > 0 or not everything_native]
+
+
 def has_control_flow(program: Program) -> bool:
     return any(op.op in CONTROL for op in program.walk())
 
 
 def search(program: Program, workers: int, measure: Callable[[Candidate], float],
-           steps: tuple[str, ...] = STEPS) -> tuple[Candidate, list[Trial]]:
+           steps: tuple[str, ...] = STEPS,
+           can_run_natively: Callable[[Operation], bool] = lambda op: True) -> tuple[Candidate, list[Trial]]:
     unknown = set(steps) - set(STEPS)
     if unknown:
         raise ValueError(f"unknown policy steps {sorted(unknown)}; known: {', '.join(STEPS)}")
@@ -108,6 +128,8 @@ def search(program: Program, workers: int, measure: Callable[[Candidate], float]
 
     if has_control_flow(program):
         attempt("host level", Candidate("host", workers))
+        for depth in _levels_down(program, can_run_natively):
+            attempt("nested constructs at L1", Candidate("host", workers, native_from=depth))
     attempt("control flow at L1", everything_at_l1)
     units = workers // 2
     while units >= 1:
