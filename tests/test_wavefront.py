@@ -198,3 +198,28 @@ def test_search_tries_wavefront_then_fine_barriers_unless_calls_fan_out():
     assert best == l1 and [t.step for t in trials] == ["control flow at L1", "SetResource"]
     with pytest.raises(ValueError, match="unknown policy steps"):
         search(program, 2, lambda c: 1.0, steps=("wavefronts",))
+
+
+SCRIPT = """
+import torch, cocktailer
+from tests.test_wavefront import two_branches, args
+inputs = args((256, 64), (64, 64), (64, 64), (64, 8))
+fast = cocktailer.compile(two_branches, inputs, backend="cpu", options={"workers": 2, "wavefront": True})
+try:
+    fast(*inputs)
+except cocktailer.CompiledCallError as e:
+    print("raised:", e)
+"""
+
+
+@native
+def test_fewer_threads_than_the_schedule_places_uTasks_on_raise_instead_of_skipping_them():
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "OMP_THREAD_LIMIT": "1", "PYTHONPATH": root}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True,
+                         timeout=300)
+    assert "raised: the runtime started fewer worker threads than the schedule places uTasks on" in out.stdout, \
+        out.stdout + out.stderr

@@ -101,7 +101,8 @@ class HostExecutor(ReferenceExecutor):
         self.library: str | None = None
         self.max_depth = max_depth
         depths = nesting_depths(program)
-        self.native = {k for k in native_legal(program, kernels.supported) if native_from is not None and depths[k] >= native_from}
+        legal = native_legal(program, kernels.supported) if native_from is not None else set()
+        self.native = {k for k in legal if depths[k] >= native_from}   # constructs run inside native blocks
         self.segments: dict[int, list] = {}
         users = {name: _uses_outside(fn) for name, fn in program.functions.items()}
         pending = [(program.entry, program.main.body)]

@@ -41,8 +41,8 @@ from cocktailer.schedule.levels import native_legal, nesting_depths
 # A step is kept only when it is at least this much faster (a smaller difference is noise).
 KEEP_MARGIN = 0.97
 UNROLL = 4   # the loop unroll step tries this many steps per iteration
-STEPS = ("host level", "nested constructs at L1", "control flow at L1", "SetResource", "recursion unroll", "loop unroll", "wavefront",
-         "fine-grained barriers")
+STEPS = ("host level", "nested constructs at L1", "control flow at L1", "SetResource", "recursion unroll",
+         "loop unroll", "wavefront", "fine-grained barriers")
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ def _levels_down(program: Program, can_run_natively: Callable[[Operation], bool]
     native is the whole program at L1, the next step's candidate."""
     depths = nesting_depths(program)
     levels = sorted({depths[k] for k in native_legal(program, can_run_natively)}, reverse=True)
-    everything_native = all(can_run_natively(op) for op in program.walk() if op.op not in CONTROL and op.op is not Op.CONST)
+    data_ops = (op for op in program.walk() if op.op not in CONTROL and op.op is not Op.CONST)
+    everything_native = all(can_run_natively(op) for op in data_ops)
     return [d for d in levels if d > 0 or not everything_native]
 
 
