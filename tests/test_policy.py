@@ -195,6 +195,22 @@ def test_search_keeps_only_faster_steps_and_skips_candidates_that_fail():
         search(program, 2, _fake_measure({}, failing={host, l1, one, fan}), steps=steps)
 
 
+def test_a_choice_the_confirmation_contradicts_falls_back_to_the_simple_policy():
+    torch.manual_seed(0)
+    program = cocktailer.capture(RAE().eval(), inputs_for(perfect_tree(2)))
+    steps = ("host level", "control flow at L1", "SetResource")
+    host, l1, one = Candidate("host", 2), Candidate("L1", 2), Candidate("L1", 1)
+    times = {host: 5.0, l1: 1.0, one: 0.5}   # one worker measured faster (say, during a slow spell)
+    best, trials = search(program, 2, _fake_measure(times), steps=steps, confirm=lambda a, b: (0.9, 0.8))
+    assert best == l1 and [t.step for t in trials][-2:] == ["confirmation", "confirmation"]
+    assert [t.kept for t in trials] == [False, False, False, False, True]
+    best, trials = search(program, 2, _fake_measure(times), steps=steps, confirm=lambda a, b: (0.5, 0.9))
+    assert best == one and trials[-2].kept and sum(t.kept for t in trials) == 1
+    times[one] = 2.0   # the simple policy's candidate won: nothing to confirm
+    best, trials = search(program, 2, _fake_measure(times), steps=steps, confirm=lambda a, b: 1 / 0)
+    assert best == l1 and "confirmation" not in [t.step for t in trials]
+
+
 @native
 def test_measured_policy_falls_back_when_a_candidate_does_not_compile(monkeypatch):
     real_build = tuning.build
@@ -240,7 +256,7 @@ def test_explain_lists_ir_passes_candidates_levels_and_uprogram():
     steps = [r.split(" | ")[0] for r in rows]
     assert steps[:5] == ["| host level", "| nested constructs at L1", "| control flow at L1", "| SetResource",
                          "| recursion unroll"]
-    assert set(steps[5:]) <= {"| wavefront", "| fine-grained barriers"}   # tried unless recursion unroll was kept
+    assert set(steps[5:]) <= {"| wavefront", "| fine-grained barriers", "| confirmation"}
     assert sum(r.rstrip().endswith("| kept |") for r in rows) == 1 and "chosen: control flow" in text
     assert "if in @forward at tree.py" in text and "call @forward in @forward" in text
     assert "uTask" in text and "function @forward:" in text

@@ -80,6 +80,9 @@ def test_place_wave_balances_or_keeps_every_op_on_all_workers():
     big = cocktailer.capture(lambda x, a, b: (x @ a, x @ b), args((8, 64), (64, 64), (64, 256)))
     mm, wide = [op for op in big.main.body.ops if op.op is Op.MATMUL]
     assert place_wave([mm, wide], 2) == {}   # 32K and 131K multiply-adds: unbalanced, each on all workers in turn
+    moves = cocktailer.capture(lambda x: (x.permute(1, 0) + 0, x.t() * 1), args((256, 64),)).main.body.ops
+    permutes = [op for op in moves if op.op is Op.PERMUTE]
+    assert len(permutes) == 2 and place_wave(permutes, 2) == {}   # data movement stays on all workers
 
 
 def test_chains_on_one_worker_need_no_barrier_and_the_join_waits_for_both():
@@ -162,24 +165,24 @@ def test_wavefront_and_fan_out_are_refused_together():
         SimplePolicy(Device.cpu(2), fan_out=True, wavefront=True)
 
 
-class TwoLookups(nn.Module):
-    def forward(self, table_a, table_b, i, j):
-        return torch.tanh(table_a[i]) + torch.tanh(table_b[j])
+class TwoDivisions(nn.Module):
+    def forward(self, a, b, i, j):
+        return a // i + b // j
 
 
 @native
 def test_an_error_in_one_group_reaches_python_without_hanging():
-    a, b = torch.randn(4, 1 << 14), torch.randn(4, 1 << 14)   # rows big enough to co-schedule
-    i, j = torch.tensor(1), torch.tensor(2)
-    fast = cocktailer.compile(TwoLookups(), (a, b, i, j), backend="cpu", options={"workers": 2, "wavefront": True})
+    a, b = torch.arange(1 << 14), torch.arange(1 << 14) * 3   # big enough to co-schedule
+    i, j = torch.tensor(3), torch.tensor(5)
+    fast = cocktailer.compile(TwoDivisions(), (a, b, i, j), backend="cpu", options={"workers": 2, "wavefront": True})
     (_, executable), = fast.cache.values()
-    assert executable.rendered.co_scheduled   # the two lookups run on different workers
+    assert executable.rendered.co_scheduled   # the two divisions run on different workers
     with torch.no_grad():
-        assert_same(fast(a, b, i, j), TwoLookups()(a, b, i, j), RTOL, ATOL)
-        for bad in ((torch.tensor(100), j), (i, torch.tensor(-100))):
-            with pytest.raises(CompiledCallError, match="out of range"):
+        assert_same(fast(a, b, i, j), TwoDivisions()(a, b, i, j), RTOL, ATOL)
+        for bad in ((torch.tensor(0), j), (i, torch.tensor(0))):
+            with pytest.raises(CompiledCallError, match="division by zero"):
                 fast(a, b, *bad)
-        assert_same(fast(a, b, i, j), TwoLookups()(a, b, i, j), RTOL, ATOL)   # usable after an error
+        assert_same(fast(a, b, i, j), TwoDivisions()(a, b, i, j), RTOL, ATOL)   # usable after an error
 
 
 def test_search_tries_wavefront_then_fine_barriers_unless_calls_fan_out():

@@ -54,20 +54,28 @@ class Profiler:
         return stored
 
     def _measure(self, run: Executable) -> float:
+        return self.compare([run])[0]
+
+    def compare(self, runs: list[Executable]) -> list[float]:
+        """Seconds per round of the samples for each of `runs` (median over rounds, after one
+        warm-up round: pages in the library, the weights, the scratch), timed in alternating
+        rounds so that a slow spell of a shared machine hits all of them alike (not cached)."""
         with torch.no_grad():
-            for sample in self.samples:   # warm-up: page in the library, the weights, the scratch
-                run(sample)
-            rounds: list[float] = []
-            start = time.perf_counter()
-            while True:
-                t0 = time.perf_counter()
+            for run in runs:
                 for sample in self.samples:
                     run(sample)
-                rounds.append(time.perf_counter() - t0)
+            rounds: list[list[float]] = [[] for _ in runs]
+            start = time.perf_counter()
+            while True:
+                for k, run in enumerate(runs):
+                    t0 = time.perf_counter()
+                    for sample in self.samples:
+                        run(sample)
+                    rounds[k].append(time.perf_counter() - t0)
                 spent = time.perf_counter() - start
-                if (len(rounds) >= self.min_rounds and spent >= self.min_seconds) or \
-                        (len(rounds) >= 3 and spent >= self.max_seconds):
-                    return statistics.median(rounds)
+                if (len(rounds[0]) >= self.min_rounds and spent >= self.min_seconds) or \
+                        (len(rounds[0]) >= 3 and spent >= self.max_seconds):
+                    return [statistics.median(r) for r in rounds]
 
     def _path(self, key: str):
         return cache_dir() / "profiles" / f"{key}.json"

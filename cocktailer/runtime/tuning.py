@@ -54,5 +54,8 @@ def measured_cpu_backend(program: Program, samples: list[list[torch.Tensor]], wo
         executable = built[candidate] = build(program, candidate, max_depth)
         return profiler.latency(f"{executable.identity}\0{candidate}", executable)
 
-    best, trials = search(program, workers or default_workers(), measure, tuple(steps), kernels.supported)
+    def confirm(a: Candidate, b: Candidate) -> tuple[float, float]:
+        return tuple(profiler.compare([built[a], built[b]]))
+
+    best, trials = search(program, workers or default_workers(), measure, tuple(steps), kernels.supported, confirm)
     return TunedProgram(built[best], best, trials)

@@ -35,6 +35,11 @@ def co_scheduled(region: Region, workers: int) -> list[dict[int, tuple[int, int]
 # 20% slower when its gate activations were dealt to single workers and then joined).
 MIN_CO_SCHEDULED_WORK = 1 << 14
 
+# Data movement stays on all workers: it costs bytes, not work, and an UPDATE that writes one
+# row of a carried cache in place would become a copy of the whole cache if it ran side by
+# side (ops placed together cannot share buffers; a measured attention decoder ran 2x slower).
+MOVEMENT = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.CAT, Op.SELECT, Op.UPDATE, Op.GATHER})
+
 # A wave runs side by side only if its slowest group takes at most this much longer than an
 # even split of the wave's work over all workers (else each op runs on all workers in turn).
 WAVE_BALANCE = 1.25
@@ -46,7 +51,7 @@ def place_wave(ops: list[Operation], workers: int) -> dict[int, tuple[int, int]]
     variant most efficient per worker: no split, no barrier between them). Groups are chosen
     by work (longest first to the least loaded worker; fewer ops than workers: workers in
     proportion to work) and kept only if balanced. Returns id(op) -> workers [lo, hi)."""
-    ops = [op for op in ops if op_work(op) >= MIN_CO_SCHEDULED_WORK]
+    ops = [op for op in ops if op.op not in MOVEMENT and op_work(op) >= MIN_CO_SCHEDULED_WORK]
     if len(ops) < 2 or workers < 2:
         return {}
     work = {id(op): op_work(op) for op in ops}
