@@ -36,6 +36,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from bench.machine import describe
 from cocktailer.codegen.kernels import conv, matmul
 from cocktailer.codegen.kernels.standalone import Library, compile_source
 from cocktailer.ir import Op, Operation, TensorType, Value, infer_type
@@ -199,8 +200,8 @@ def main(argv=None) -> int:
               flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"workers": args.workers, "torch": torch.__version__, "load": os.getloadavg(), "rows": rows}, f,
-                      indent=1)
+            json.dump({"machine": describe(), "workers": args.workers, "torch": torch.__version__,
+                       "load": os.getloadavg(), "rows": rows}, f, indent=1)
     return 0
 
 
