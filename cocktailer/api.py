@@ -30,7 +30,7 @@ BACKENDS: dict[str, Callable[[Program], Callable]] = {
 AUTO_ORDER = ["cpu", "reference"]   # "auto" takes the first that can run the program
 NATIVE = {"cpu", "host"}
 OPTIONS = ("workers", "max_depth", "fan_out", "unroll", "wavefront", "fine_barriers", "rewrite", "policy", "steps",
-           "samples", "native_from")   # of the native backends (see compile)
+           "samples", "native_from", "measure_waves")   # of the native backends (see compile)
 POLICIES = ("simple", "measured")
 
 
@@ -70,8 +70,9 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     (frames of the recursion stack; default 256: deeper recursion raises CompiledCallError),
     `fan_out` (cpu: independent recursive calls run at once on groups of workers), `unroll`
     (cpu: innermost loops with a trip count run this many steps per iteration), `wavefront`
-    (cpu: Rammer's co-scheduling: independent operators side by side on groups of workers,
-    with fine-grained barriers, or global ones only with `fine_barriers=False`; not with
+    (cpu: Rammer's co-scheduling: independent operators side by side on groups of workers
+    where each wave measures faster so (`measure_waves=False`: where a work-balance rule says
+    so), with fine-grained barriers, or global ones only with `fine_barriers=False`; not with
     `fan_out`), `rewrite`
     (cpu, default True: loop distribution and hoisting; False only to measure them) and
     `policy`: "simple" (default: control flow at L1, the worker count by a size rule) or
@@ -203,7 +204,8 @@ class CompiledFunction:
                        "control flow around them; the rest runs in native blocks (see cocktailer.explain)")
             settings = {k: v for k, v in self.options.items() if k in ("workers", "max_depth")}
             return HostExecutor(program, native_from=0, **settings)
-        allowed = {"cpu": ("workers", "max_depth", "fan_out", "unroll", "wavefront", "fine_barriers", "rewrite"),
+        allowed = {"cpu": ("workers", "max_depth", "fan_out", "unroll", "wavefront", "fine_barriers", "measure_waves",
+                           "rewrite"),
                    "host": ("workers", "native_from", "max_depth")}[name]
         return BACKENDS[name](program, **{k: v for k, v in self.options.items() if k in allowed})
 

@@ -18,7 +18,8 @@ from cocktailer.schedule import Device, SimplePolicy
 from cocktailer.schedule.memory import plan_memory
 from cocktailer.schedule.search import Candidate, search
 from cocktailer.schedule.utask import Barrier, Sync, UOperator
-from cocktailer.schedule.wavefront import place_wave
+from cocktailer.runtime.waves import slower_side_by_side
+from cocktailer.schedule.wavefront import co_scheduled, place_wave, wave_key
 
 try:
     from tests.utils import assert_same
@@ -133,7 +134,8 @@ def test_ops_side_by_side_never_share_a_buffer():
 def test_wavefront_functions_match_eager(fn, shapes, workers, fine):
     inputs = args(*shapes, seed=3)
     fast = cocktailer.compile(fn, inputs, backend="cpu",
-                              options={"workers": workers, "wavefront": True, "fine_barriers": fine})
+                              options={"workers": workers, "wavefront": True, "fine_barriers": fine,
+                                       "measure_waves": False})
     (_, executable), = fast.cache.values()
     assert executable.rendered.co_scheduled
     for seed in (3, 4):
@@ -152,12 +154,31 @@ WIDER = {"lstm": {"hidden": 128, "input_size": 128}, "nasrnn": {"hidden": 64, "i
 def test_wavefront_on_the_zoo_matches_eager(name):
     for batch, workers in ((1, 2), (2, 4)):
         w = models.make(name, batch=batch, size="small", seed=5, **WIDER.get(name, {}))
-        fast = cocktailer.compile(w.model, w.inputs, backend="cpu", options={"workers": workers, "wavefront": True})
+        fast = cocktailer.compile(w.model, w.inputs, backend="cpu",
+                                  options={"workers": workers, "wavefront": True, "measure_waves": False})
         (_, executable), = fast.cache.values()
         if name in ("attention", "treefc"):   # independent projections in one wave: side by side
             assert executable.rendered.co_scheduled, name
         with torch.no_grad():
             assert_same(fast(*w.inputs), w.model(*w.inputs), RTOL, ATOL, path=f"{name}/{batch}/{workers}")
+
+
+@native
+def test_each_wave_is_measured_in_both_variants_and_the_slower_kept_apart():
+    inputs = args((256, 64), (64, 64), (64, 64), (64, 8))
+    program = wavefront_order(cocktailer.capture(two_branches, inputs))
+    placed = {wave_key(w) for region in program.main.body.regions() for w in co_scheduled(region, 2)}
+    assert len(placed) == 2   # the matmuls, then the activations
+    assert slower_side_by_side(program, Device.cpu(2)) <= placed   # which ones: a measurement, not asserted
+    fast = cocktailer.compile(two_branches, inputs, backend="cpu", options={"workers": 2, "wavefront": True})
+    for seed in (1, 2):
+        inputs = args((256, 64), (64, 64), (64, 64), (64, 8), seed=seed)
+        assert_same(fast(*inputs), two_branches(*inputs), RTOL, ATOL)
+    divisions = cocktailer.capture(TwoDivisions(), (torch.arange(1 << 14), torch.arange(1 << 14), torch.tensor(3),
+                                                    torch.tensor(5)))
+    divisions = wavefront_order(divisions)
+    waves = [wave_key(w) for region in divisions.main.body.regions() for w in co_scheduled(region, 2)]
+    assert waves and set(waves) <= slower_side_by_side(divisions, Device.cpu(2))   # made-up divisor 0: not measured
 
 
 def test_wavefront_and_fan_out_are_refused_together():
@@ -174,7 +195,8 @@ class TwoDivisions(nn.Module):
 def test_an_error_in_one_group_reaches_python_without_hanging():
     a, b = torch.arange(1 << 14), torch.arange(1 << 14) * 3   # big enough to co-schedule
     i, j = torch.tensor(3), torch.tensor(5)
-    fast = cocktailer.compile(TwoDivisions(), (a, b, i, j), backend="cpu", options={"workers": 2, "wavefront": True})
+    fast = cocktailer.compile(TwoDivisions(), (a, b, i, j), backend="cpu",
+                              options={"workers": 2, "wavefront": True, "measure_waves": False})
     (_, executable), = fast.cache.values()
     assert executable.rendered.co_scheduled   # the two divisions run on different workers
     with torch.no_grad():
@@ -207,7 +229,8 @@ SCRIPT = """
 import torch, cocktailer
 from tests.test_wavefront import two_branches, args
 inputs = args((256, 64), (64, 64), (64, 64), (64, 8))
-fast = cocktailer.compile(two_branches, inputs, backend="cpu", options={"workers": 2, "wavefront": True})
+fast = cocktailer.compile(two_branches, inputs, backend="cpu",
+                          options={"workers": 2, "wavefront": True, "measure_waves": False})
 try:
     fast(*inputs)
 except cocktailer.CompiledCallError as e:

@@ -16,6 +16,7 @@ from cocktailer.passes.unroll import unroll_loops
 from cocktailer.passes.wavefront import wavefront_order
 from cocktailer.runtime.compiler import compile_shared_library
 from cocktailer.runtime.native import CompiledProgram
+from cocktailer.runtime.waves import slower_side_by_side
 from cocktailer.schedule import Device, SimplePolicy
 from cocktailer.schedule.policy import useful_workers
 from cocktailer.schedule.memory import plan_memory
@@ -49,10 +50,12 @@ def check_native(program: Program, backend: str):
 
 def cpu_backend(program: Program, workers: int | None = None, max_depth: int = DEFAULT_MAX_DEPTH,
                 fan_out: bool = False, unroll: int = 1, rewrite: bool = True, wavefront: bool = False,
-                fine_barriers: bool = True) -> CompiledProgram:
+                fine_barriers: bool = True, measure_waves: bool = True) -> CompiledProgram:
     """`fan_out`: independent calls (a recursion's subtrees) run at once on groups of workers.
     `unroll`: innermost loops with a trip count run this many steps per iteration.
-    `wavefront`: Rammer's co-scheduling: independent ops side by side on groups of workers,
+    `wavefront`: Rammer's co-scheduling: independent ops side by side on groups of workers
+    where each wave measured faster so (runtime.waves; `measure_waves=False`: where the
+    work-balance rule alone says so),
     `fine_barriers` (with wavefront): where not every worker must wait for every other, a
     fine-grained barrier (step array) instead of a global one.
     `rewrite`: run CPU_PIPELINE (off only to measure what it buys)."""
@@ -64,9 +67,10 @@ def cpu_backend(program: Program, workers: int | None = None, max_depth: int = D
         ([("wavefront_order", wavefront_order)] if wavefront else [])
     if fan_out or wavefront or any(op.op is Op.LOOP for op in program.walk()):   # what the passes rewrite:
         program = run_pipeline(program.clone(), passes)          # a traced graph has no loop (and 50,000 ops)
-    plan = plan_memory(program, fan_out, device.workers if wavefront else 0)
+    slower = frozenset(slower_side_by_side(program, device)) if wavefront and measure_waves else frozenset()
+    plan = plan_memory(program, fan_out, device.workers if wavefront else 0, slower)
     policy = SimplePolicy(device, can_run_natively=kernels.supported, fan_out=fan_out, wavefront=wavefront,
-                          fine_barriers=fine_barriers)
+                          fine_barriers=fine_barriers, excluded_waves=slower)
     uprogram = policy.schedule(program, plan, "L1")
     rendered = render(uprogram, plan, CPU)
     library = compile_shared_library(assemble([rendered]))

@@ -53,9 +53,10 @@ def _nbytes(value: Value) -> int:
 class _Intervals:
     """Live intervals of one function's values in a pre-order numbering of its ops."""
 
-    def __init__(self, fan_out: bool = False, wave_workers: int = 0):
+    def __init__(self, fan_out: bool = False, wave_workers: int = 0, excluded_waves: frozenset = frozenset()):
         self.fan_out = fan_out
         self.wave_workers = wave_workers
+        self.excluded_waves = excluded_waves
         self.start: dict[int, int] = {}
         self.end: dict[int, int] = {}
         self.values: dict[int, Value] = {}
@@ -117,7 +118,8 @@ class _Intervals:
         out and for co-scheduled waves (contiguous in the region: an op takes one position)."""
         runs = independent_call_runs(region) if self.fan_out else []
         if self.wave_workers:
-            runs += [[op for op in region.ops if id(op) in wave] for wave in co_scheduled(region, self.wave_workers)]
+            runs += [[op for op in region.ops if id(op) in wave]
+                     for wave in co_scheduled(region, self.wave_workers, self.excluded_waves)]
         return {id(op): (k, len(run) - 1 - k) for run in runs for k, op in enumerate(run)}
 
 
@@ -149,9 +151,9 @@ def _pack(intervals: _Intervals, ids: list[int]) -> tuple[dict[int, int], int]:
     return offsets, top
 
 
-def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool, wave_workers: int,
+def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool, waves: tuple,
                    passed_through: dict[int, Buffer] | None = None) -> int:
-    intervals = _Intervals(fan_out, wave_workers)
+    intervals = _Intervals(fan_out, *waves)
     for p in fn.params:
         intervals.define(p, 0)
     intervals.walk(fn.body)
@@ -253,15 +255,18 @@ def _passed_through(program: Program, plan: MemoryPlan) -> dict[int, Buffer]:
     return {pid: b for pid, b in source.items() if isinstance(b, Buffer)}
 
 
-def plan_memory(program: Program, fan_out: bool = False, wave_workers: int = 0) -> MemoryPlan:
+def plan_memory(program: Program, fan_out: bool = False, wave_workers: int = 0,
+                excluded_waves: frozenset = frozenset()) -> MemoryPlan:
     """`fan_out`: the schedule runs independent adjacent calls at once (recursion unroll).
-    `wave_workers`: it co-schedules waves on this many workers (0: it does not)."""
+    `wave_workers`: it co-schedules waves on this many workers (0: it does not), except the
+    `excluded_waves` (see schedule.wavefront.co_scheduled)."""
     plan = MemoryPlan()
-    plan.arena_bytes = _plan_function(program.main, plan, "arena", fan_out, wave_workers)
+    waves = (wave_workers, excluded_waves)
+    plan.arena_bytes = _plan_function(program.main, plan, "arena", fan_out, waves)
     passed_through = _passed_through(program, plan)
     for name, fn in program.functions.items():
         if name != program.entry:
-            plan.frame_bytes = max(plan.frame_bytes, _plan_function(fn, plan, "frame", fan_out, wave_workers,
+            plan.frame_bytes = max(plan.frame_bytes, _plan_function(fn, plan, "frame", fan_out, waves,
                                                                    passed_through))
     plan.locals_per_frame = max(plan.locals_per_frame, 1)
     return plan

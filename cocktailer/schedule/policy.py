@@ -57,7 +57,7 @@ class SimplePolicy:
 
     def __init__(self, device: Device, profiler: Callable[[UProgram], float] | None = None,
                  can_run_natively: Callable[[Operation], bool] = lambda op: True, fan_out: bool = False,
-                 wavefront: bool = False, fine_barriers: bool = True):
+                 wavefront: bool = False, fine_barriers: bool = True, excluded_waves: frozenset = frozenset()):
         if fan_out and wavefront:
             # a fan-out's groups run different numbers of steps, so the step array would disagree
             raise ValueError("wavefront co-scheduling and fan-out of calls cannot be combined")
@@ -65,6 +65,7 @@ class SimplePolicy:
         self.fan_out = fan_out              # run adjacent independent calls on worker groups at once
         self.wavefront = wavefront          # Rammer: independent ops of a wave side by side on worker groups
         self.fine_barriers = fine_barriers  # where not all wait for all, a step-array barrier, not a global one
+        self.excluded_waves = excluded_waves   # waves measured slower side by side (runtime.waves)
         self.profiler = profiler            # unused by this policy; Algorithm 1 compares candidates with it
         self.can_run_natively = can_run_natively
         self.units = {level.name: level.count for level in device.unit_levels}
@@ -113,8 +114,8 @@ class SimplePolicy:
     def _block(self, region: Region) -> Block:
         block = Block()
         hazards = _Hazards(self.units["L1"], self.fine_barriers)
-        groups = {k: g for wave in co_scheduled(region, self.units["L1"]) for k, g in wave.items()} \
-            if self.wavefront else {}
+        groups = {k: g for wave in co_scheduled(region, self.units["L1"], self.excluded_waves)
+                  for k, g in wave.items()} if self.wavefront else {}
         fan_outs = {id(run[0]): run for run in independent_call_runs(region)} if self.fan_out else {}
         grouped = {id(op) for run in fan_outs.values() for op in run}
         for op in region.ops:

@@ -18,8 +18,8 @@ steps, in this order:
    count so far and at all workers;
 5. loop unroll: innermost loops with a trip count run UNROLL steps per iteration;
 6. wavefront co-scheduling (Rammer): independent ops of a wave side by side on groups of
-   workers where balanced (the choice between an op's variant on all workers and on a group),
-   synchronized by global barriers;
+   workers where balanced and where the wave, timed alone in both variants (each op on all
+   workers in turn, or each on its group), measured faster so; global barriers;
 7. fine-grained barriers: the same, each worker waiting only for the workers it depends on.
 
 `steps` limits the search to some of these (the benchmark's Figure 19 adds them one by one).

@@ -1,7 +1,9 @@
 """Rammer's wavefront co-scheduling (Rammer §3.3): the ops of a wave (see
 `passes.wavefront`) do not depend on each other, so they may run side by side, each on a
 group of workers, instead of each on all workers one after another. Used by the policy (which
-places them) and by the memory plan (ops that run side by side must not share buffers)."""
+places them), by the memory plan (ops that run side by side must not share buffers) and by
+`runtime.waves`, which times each placed wave in both variants and excludes the ones that
+are not faster side by side."""
 from __future__ import annotations
 
 from cocktailer.ir import Op, Operation, Region
@@ -21,13 +23,18 @@ def op_work(op: Operation) -> int:
     return out.numel
 
 
-def co_scheduled(region: Region, workers: int) -> list[dict[int, tuple[int, int]]]:
+def co_scheduled(region: Region, workers: int, excluded: frozenset = frozenset()) -> list[dict[int, tuple[int, int]]]:
     """The waves of `region` (not of nested regions) whose ops run side by side, each as
     id(op) -> the workers [lo, hi) it runs on, in the order of the ops; ops not listed run on
-    all workers."""
+    all workers. `excluded`: keys (`wave_key`) of waves measured slower side by side."""
     placed = (place_wave([op for op in wave if op.op is not Op.CONST], workers)
               for run in straight_line_runs(region.ops) for wave in waves(run))
-    return [wave for wave in placed if wave]
+    return [wave for wave in placed if wave and wave_key(wave) not in excluded]
+
+
+def wave_key(wave: dict[int, tuple[int, int]]) -> tuple[int, ...]:
+    """A placed wave's identity within one program object: its ops."""
+    return tuple(wave)
 
 
 # Smaller ops stay on all workers: they take about as long as a synchronization, and a chain

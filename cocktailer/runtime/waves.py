@@ -1,0 +1,75 @@
+"""Rammer's kernel choice by measurement, for wavefront co-scheduling (Rammer §3.3): a wave
+that the placement would run side by side is timed in both variants — each op on all
+workers in turn (fastest alone), and each on its own group of workers (most efficient per
+worker) — and runs side by side only where that measured faster.
+
+Each wave becomes a small program of its own that repeats the wave REPEATS times in a native
+loop (a wave takes microseconds: one call from Python would time the call), on inputs of the
+wave's shapes: its constants, else random floats and zero integers (a valid index). All
+waves' variants are compiled into one library.
+"""
+from __future__ import annotations
+
+import torch
+
+from cocktailer.codegen import kernels
+from cocktailer.codegen.renderer import CPU, assemble, render
+from cocktailer.ir import Function, Op, Operation, Program, Region, TensorType, Value
+from cocktailer.ir.program import clone_ops
+from cocktailer.runtime.compiler import compile_shared_library
+from cocktailer.runtime.native import CompiledProgram
+from cocktailer.runtime.profiler import Profiler
+from cocktailer.schedule import Device, SimplePolicy
+from cocktailer.schedule.memory import plan_memory
+from cocktailer.schedule.wavefront import co_scheduled, wave_key
+
+REPEATS = 20
+
+
+def slower_side_by_side(program: Program, device: Device) -> set[tuple]:
+    """The keys (`wave_key`) of the waves whose side-by-side variant did not measure faster
+    than running each op on all workers, or could not be measured."""
+    waves = [(region, wave) for fn in program.functions.values() for region in fn.body.regions()
+             for wave in co_scheduled(region, device.workers)]
+    if not waves:
+        return set()
+    built = [_wave_program(program, region, wave) for region, wave in waves]
+    variants = [(sub, side) for sub, _ in built for side in (False, True)]
+    rendered = []
+    for k, (sub, side) in enumerate(variants):
+        plan = plan_memory(sub, wave_workers=device.workers if side else 0)
+        uprogram = SimplePolicy(device, can_run_natively=kernels.supported, wavefront=side).schedule(sub, plan)
+        rendered.append((sub, uprogram, render(uprogram, plan, CPU, entry=f"wave_{k}")))
+    library = str(compile_shared_library(assemble([r for *_, r in rendered])))
+    slower = set()
+    for w, ((_, inputs), (region, wave)) in enumerate(zip(built, waves)):
+        runs = [CompiledProgram(sub, r, library, device.workers, 1, up) for sub, up, r in rendered[2 * w: 2 * w + 2]]
+        try:
+            alone, side = Profiler([inputs], min_rounds=5, min_seconds=0.05, max_seconds=0.5, persist=False).compare(runs)
+        except Exception:   # an op that fails on made-up inputs: keep the variant that needs no proof
+            side, alone = 1.0, 0.0
+        if side >= alone:
+            slower.add(wave_key(wave))
+    return slower
+
+
+def _wave_program(program: Program, region: Region, wave: dict) -> tuple[Program, list[torch.Tensor]]:
+    """A program that runs the wave's ops REPEATS times, and inputs for it."""
+    ops = [op for op in region.ops if id(op) in wave]
+    defined = {r.id for op in ops for r in op.results}
+    reads = list({v.id: v for op in ops for v in op.operands if v.id not in defined}.values())
+    constants = {op.results[0].id: op.attrs["name"] for op in program.walk() if op.op is Op.CONST}
+    rename = {v.id: Value(v.type, v.hint) for v in reads}
+    trip = Value(TensorType((), torch.int64), "repeats")
+    body = Region([Value(TensorType((), torch.int64), "i")], clone_ops(ops, rename), [])
+    loop = Operation(Op.LOOP, [trip], [], {"has_trip": True, "has_cond": False}, [body])
+    main = Function("main", Region([rename[v.id] for v in reads] + [trip], [loop], []))
+    inputs = [program.constants[constants[v.id]].detach().contiguous() if v.id in constants else _made_up(v.type)
+              for v in reads]
+    return Program({"main": main}, "main", program.constants, program.device), inputs + [torch.tensor(REPEATS)]
+
+
+def _made_up(ty: TensorType) -> torch.Tensor:
+    if ty.dtype.is_floating_point:
+        return torch.randn(ty.shape, generator=torch.Generator().manual_seed(0)).to(ty.dtype)
+    return torch.zeros(ty.shape, dtype=ty.dtype)
