@@ -12,16 +12,13 @@ may move: a construct runs natively only if every op it controls has a native ke
 Python with torch, between native blocks."""
 from __future__ import annotations
 
-from cocktailer.codegen.renderer import CPU, assemble, render
 from cocktailer.ir import CONTROL, Function, Op, Operation, Program, Region, Value
 from cocktailer.ir.program import clone_ops
 from cocktailer.reference.executor import ReferenceExecutor, dead_after
-from cocktailer.runtime.compiler import compile_shared_library
 from cocktailer.runtime.cpu import BackendUnavailable
-from cocktailer.runtime.native import CompiledProgram
-from cocktailer.schedule import Device, SimplePolicy
+from cocktailer.runtime.native import CompiledProgram, compile_together
+from cocktailer.schedule import Device
 from cocktailer.schedule.levels import native_legal, nesting_depths
-from cocktailer.schedule.memory import plan_memory
 from cocktailer.codegen import kernels
 
 DEFAULT_MAX_DEPTH = 256   # frames of a native block's recursion stack (the cpu backend's default)
@@ -120,8 +117,8 @@ class HostExecutor(ReferenceExecutor):
     def _compile(self, blocks: list[_Block], workers: int | None):
         device = Device.cpu(workers)
         self.workers = device.workers
-        parts = []
-        for k, block in enumerate(blocks):
+        subs = []
+        for block in blocks:
             # fresh values: a block taken from a recursive function calls that function, and
             # one program must not define a value twice
             rename = {v.id: Value(v.type, v.hint) for v in block.inputs}
@@ -129,15 +126,10 @@ class HostExecutor(ReferenceExecutor):
             ops = clone_ops(block.ops, rename)
             functions = {"main": Function("main", Region(params, ops, [rename[v.id] for v in block.outputs]))}
             functions.update({name: self.program.functions[name] for name in _callees(block.ops, self.program)})
-            sub = Program(functions, "main", self.program.constants, self.program.device)
-            plan = plan_memory(sub)
-            uprogram = SimplePolicy(device, can_run_natively=kernels.supported).schedule(sub, plan, "L1")
-            parts.append((block, sub, uprogram, render(uprogram, plan, CPU, entry=f"block_{k}")))
-        if not parts:
-            return
-        self.library = str(compile_shared_library(assemble([rendered for *_, rendered in parts])))
-        for block, sub, uprogram, rendered in parts:
-            block.compiled = CompiledProgram(sub, rendered, self.library, device.workers, self.max_depth, uprogram)
+            subs.append((Program(functions, "main", self.program.constants, self.program.device), False))
+        for block, compiled in zip(blocks, compile_together(subs, device, "block", self.max_depth)):
+            block.compiled = compiled
+            self.library = compiled.library
 
     @property
     def identity(self) -> str:

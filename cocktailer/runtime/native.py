@@ -8,10 +8,14 @@ from typing import Sequence
 
 import torch
 
+from cocktailer.codegen import kernels
 from cocktailer.codegen.kernels.gemm import prepack_b
-from cocktailer.codegen.renderer import Rendered
+from cocktailer.codegen.renderer import CPU, Rendered, assemble, render
 from cocktailer.errors import CompiledCallError
 from cocktailer.ir import Program, TensorType
+from cocktailer.runtime.compiler import compile_shared_library
+from cocktailer.schedule import Device, SimplePolicy
+from cocktailer.schedule.memory import plan_memory
 from cocktailer.schedule.utask import UProgram
 
 _ARGTYPES = [ctypes.c_void_p] * 9 + [ctypes.c_int]
@@ -106,3 +110,20 @@ class CompiledProgram:
 
 def default_workers() -> int:
     return len(os.sched_getaffinity(0))
+
+
+def compile_together(programs: list[tuple[Program, bool]], device: Device, prefix: str,
+                     max_depth: int) -> list[CompiledProgram]:
+    """Programs (each with whether to co-schedule its waves) scheduled by the simple policy and
+    compiled as the entries `{prefix}_{k}` of one shared library: one compiler run for all of
+    them (the host backend's basic blocks, the two variants of every wave)."""
+    parts = []
+    for k, (program, wavefront) in enumerate(programs):
+        plan = plan_memory(program, wave_workers=device.workers if wavefront else 0)
+        uprogram = SimplePolicy(device, can_run_natively=kernels.supported, wavefront=wavefront).schedule(program, plan)
+        parts.append((program, uprogram, render(uprogram, plan, CPU, entry=f"{prefix}_{k}")))
+    if not parts:
+        return []
+    library = str(compile_shared_library(assemble([rendered for *_, rendered in parts])))
+    return [CompiledProgram(program, rendered, library, device.workers, max_depth, uprogram)
+            for program, uprogram, rendered in parts]

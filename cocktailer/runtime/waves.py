@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from cocktailer.codegen import kernels
-from cocktailer.codegen.renderer import CPU, assemble, render
 from cocktailer.ir import Function, Op, Operation, Program, Region, TensorType, Value
 from cocktailer.ir.program import clone_ops
-from cocktailer.runtime.compiler import compile_shared_library
-from cocktailer.runtime.native import CompiledProgram
+from cocktailer.runtime.native import compile_together
 from cocktailer.runtime.profiler import Profiler
-from cocktailer.schedule import Device, SimplePolicy
-from cocktailer.schedule.memory import plan_memory
+from cocktailer.schedule import Device
 from cocktailer.schedule.wavefront import co_scheduled, wave_key
 
 REPEATS = 20
@@ -34,18 +30,12 @@ def slower_side_by_side(program: Program, device: Device) -> set[tuple]:
     if not waves:
         return set()
     built = [_wave_program(program, region, wave) for region, wave in waves]
-    variants = [(sub, side) for sub, _ in built for side in (False, True)]
-    rendered = []
-    for k, (sub, side) in enumerate(variants):
-        plan = plan_memory(sub, wave_workers=device.workers if side else 0)
-        uprogram = SimplePolicy(device, can_run_natively=kernels.supported, wavefront=side).schedule(sub, plan)
-        rendered.append((sub, uprogram, render(uprogram, plan, CPU, entry=f"wave_{k}")))
-    library = str(compile_shared_library(assemble([r for *_, r in rendered])))
+    runs = compile_together([(sub, side) for sub, _ in built for side in (False, True)], device, "wave", 1)
     slower = set()
-    for w, ((_, inputs), (region, wave)) in enumerate(zip(built, waves)):
-        runs = [CompiledProgram(sub, r, library, device.workers, 1, up) for sub, up, r in rendered[2 * w: 2 * w + 2]]
+    for w, ((_, inputs), (_, wave)) in enumerate(zip(built, waves)):
+        profiler = Profiler([inputs], min_rounds=5, min_seconds=0.05, max_seconds=0.5, persist=False)
         try:
-            alone, side = Profiler([inputs], min_rounds=5, min_seconds=0.05, max_seconds=0.5, persist=False).compare(runs)
+            alone, side = profiler.compare(runs[2 * w: 2 * w + 2])
         except Exception:   # an op that fails on made-up inputs: keep the variant that needs no proof
             side, alone = 1.0, 0.0
         if side >= alone:
