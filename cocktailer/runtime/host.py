@@ -52,7 +52,7 @@ def _segments(region: Region, users: dict[int, set[int]], native: set[int]) -> l
     def close():
         if not run:
             return
-        inside = {id(o) for top in run for o in [top, *(n for r in top.regions for n in r.walk())]}
+        inside = {id(o) for o in Region(ops=list(run)).walk()}
         defined = {r.id for o in run for r in o.results}
         inputs = list({v.id: v for o in run for v in o.reads() if v.id not in defined}.values())
         outputs = [r for o in run for r in o.results if users.get(r.id, set()) - inside]
@@ -72,7 +72,7 @@ def _segments(region: Region, users: dict[int, set[int]], native: set[int]) -> l
 def _callees(ops: list[Operation], program: Program) -> list[str]:
     """The functions the ops call, directly or through other functions."""
     found: list[str] = []
-    pending = [o for top in ops for o in [top, *(n for r in top.regions for n in r.walk())]]
+    pending = list(Region(ops=list(ops)).walk())
     while pending:
         op = pending.pop()
         name = op.attrs.get("callee") if op.op is Op.CALL else None

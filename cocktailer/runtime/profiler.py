@@ -48,13 +48,10 @@ class Profiler:
             return self.measured[key]
         stored = self._load(key)
         if stored is None:
-            stored = self._measure(run)
+            stored = self.compare([run])[0]
             self._store(key, stored)
         self.measured[key] = stored
         return stored
-
-    def _measure(self, run: Executable) -> float:
-        return self.compare([run])[0]
 
     def compare(self, runs: list[Executable]) -> list[float]:
         """Seconds per round of the samples for each of `runs` (median over rounds, after one

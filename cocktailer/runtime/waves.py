@@ -29,7 +29,8 @@ def slower_side_by_side(program: Program, device: Device) -> set[tuple]:
              for wave in co_scheduled(region, device.workers)]
     if not waves:
         return set()
-    built = [_wave_program(program, region, wave) for region, wave in waves]
+    constants = {op.results[0].id: op.attrs["name"] for op in program.walk() if op.op is Op.CONST}
+    built = [_wave_program(program, region, wave, constants) for region, wave in waves]
     runs = compile_together([(sub, side) for sub, _ in built for side in (False, True)], device, "wave", 1)
     slower = set()
     for w, ((_, inputs), (_, wave)) in enumerate(zip(built, waves)):
@@ -43,12 +44,13 @@ def slower_side_by_side(program: Program, device: Device) -> set[tuple]:
     return slower
 
 
-def _wave_program(program: Program, region: Region, wave: dict) -> tuple[Program, list[torch.Tensor]]:
-    """A program that runs the wave's ops REPEATS times, and inputs for it."""
+def _wave_program(program: Program, region: Region, wave: dict,
+                  constants: dict[int, str]) -> tuple[Program, list[torch.Tensor]]:
+    """A program that runs the wave's ops REPEATS times, and inputs for it (`constants`: value
+    id -> constant name, for the values the program binds to its constants)."""
     ops = [op for op in region.ops if id(op) in wave]
     defined = {r.id for op in ops for r in op.results}
     reads = list({v.id: v for op in ops for v in op.operands if v.id not in defined}.values())
-    constants = {op.results[0].id: op.attrs["name"] for op in program.walk() if op.op is Op.CONST}
     rename = {v.id: Value(v.type, v.hint) for v in reads}
     trip = Value(TensorType((), torch.int64), "repeats")
     body = Region([Value(TensorType((), torch.int64), "i")], clone_ops(ops, rename), [])

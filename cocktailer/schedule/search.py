@@ -151,8 +151,7 @@ def search(program: Program, workers: int, measure: Callable[[Candidate], float]
     base = best_at_l1()
     if base.workers > 1 and not base.fan_out:   # a fan-out's groups already split the workers
         attempt("wavefront", replace(base, wavefront=True))
-        attempt("fine-grained barriers", replace(best_at_l1() if best_at_l1().wavefront else base,
-                                                 wavefront=True, fine_barriers=True))
+        attempt("fine-grained barriers", replace(best_at_l1(), wavefront=True, fine_barriers=True))
     if not best:
         raise NoCandidate(trials)
     if confirm is not None and best[0].candidate != everything_at_l1 and \
