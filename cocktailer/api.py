@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 
 from cocktailer import pytree
-from cocktailer.errors import CompiledCallError
+from cocktailer.errors import CocktailerError, CompiledCallError, InternalError
 from cocktailer.frontend import capture as _frontend_capture
 from cocktailer.ir import Program
 from cocktailer.passes import CAPTURE_PIPELINE, run_pipeline
@@ -40,7 +40,10 @@ def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwa
     """The IR Program of `model_or_function(*example_inputs)`: data flow and control flow.
     `str(program)` is its text form."""
     program = _frontend_capture(model_or_function, _as_tuple(example_inputs), example_kwargs)
-    return run_pipeline(program, CAPTURE_PIPELINE)
+    try:
+        return run_pipeline(program, CAPTURE_PIPELINE)
+    except Exception as e:   # a pass failed, or left an invalid program: a bug of ours
+        raise InternalError(e, program.main.loc) from e
 
 
 def compile_traced(model_or_function: Callable, example_inputs: tuple, *, backend: str = "auto",
@@ -143,7 +146,13 @@ class CompiledFunction:
             if self.frozen:
                 raise CompiledCallError("a traced graph only runs on inputs shaped like the ones it was traced with")
             program = capture(self.fn, args, kwargs)
-            entry = self.cache[key] = (program, self._build(program, self._samples(args, kwargs, key)))
+            try:
+                executable = self._build(program, self._samples(args, kwargs, key))
+            except (CocktailerError, ValueError):
+                raise
+            except Exception as e:   # the backend failed on a captured program: a bug of ours
+                raise InternalError(e, program.main.loc) from e
+            entry = self.cache[key] = (program, executable)
             self._guards[key] = _ConstantGuard(self.fn, program)
         return entry
 

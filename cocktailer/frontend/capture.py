@@ -13,7 +13,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from cocktailer import pytree
-from cocktailer.errors import UnsupportedError, is_user_file
+from cocktailer.errors import (CocktailerError, InternalError, UnsupportedError, innermost_user_frame,
+                               is_user_file, raised_by_user_code)
 from cocktailer.frontend import context
 from cocktailer.frontend.convert import convert
 from cocktailer.frontend.lowering import lower_call
@@ -208,6 +209,13 @@ def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwa
     for _ in range(MAX_RESTARTS):
         try:
             return _capture_once(model_or_function, args, kwargs, device, hints, returns)
+        except CocktailerError:
+            raise
+        except Exception as e:
+            users = getattr(e, "cocktailer_user_raise", False) or raised_by_user_code(e.__traceback__)
+            if users and not getattr(e, "cocktailer_traced_path", False):
+                raise   # the user's code failed where eager fails too: their own exception
+            raise _capture_error(e, users) from e
         except Restart as r:
             if r.kind == "summary":    # a recursive function gives back more than assumed: its summary grew
                 continue
@@ -217,6 +225,19 @@ def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwa
             if r.kind == "recursive" and not returns:
                 returns.update(_profile_returns(model_or_function, args, kwargs))
     raise UnsupportedError(f"capture restarted more than {MAX_RESTARTS} times (too many loops to unroll)")
+
+
+def _capture_error(e: Exception, users: bool) -> CocktailerError:
+    """An exception during capture, as an error at the user's line: the user's own code failing
+    on a path eager did not take for these inputs (capture runs both branches of a tensor
+    `if`), or cocktailer's (a bug)."""
+    loc = innermost_user_frame(e.__traceback__)
+    if users:
+        return UnsupportedError(f"while cocktailer traced it, this code raised {type(e).__name__}: {e}", loc,
+                                hint="capture runs both branches of a tensor `if` and every loop body: code that "
+                                     "fails on a path eager does not take for these inputs fails here; make it "
+                                     "valid on every path")
+    return InternalError(e, loc)
 
 
 def _capture_once(fn, args, kwargs, device, hints, returns) -> Program:

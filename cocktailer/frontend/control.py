@@ -28,9 +28,15 @@ def undefined(name: str) -> Undefined:
     return Undefined(name)
 
 
-def final_return(value):
-    """The function fell off its end on some path: Python returns None there."""
-    return None if isinstance(value, Undefined) else value
+def final_return(value, returned=True):
+    """The function's result. `returned` is whether a return statement ran (True where the
+    function cannot fall off its end): where it did not, Python returns None."""
+    if isinstance(value, Undefined) or returned is False:
+        return None
+    if is_proxy(returned) and value is not None:
+        raise UnsupportedError("the function returns a value on some paths and falls off its end (returning None) "
+                               "on others, depending on a tensor", hint="end the function with a return statement")
+    return value
 
 
 # -- conditions and boolean operators --------------------------------------------------------
@@ -87,10 +93,12 @@ def ifexp(test, then_thunk: Callable, else_thunk: Callable):
 
 
 def raise_(exc):
-    if len(context.tracer().chain) > 1:
+    if not getattr(context.current(), "eager", False) and len(context.tracer().chain) > 1:
         raise UnsupportedError("`raise` inside tensor-dependent control flow (both sides of a tensor `if` are "
                                "traced, so the raise would always happen)",
                                hint="check the condition on Python values, or remove the raise")
+    if isinstance(exc, BaseException):
+        exc.cocktailer_user_raise = True   # the user's own `raise`, though this frame is cocktailer's
     raise exc
 
 
@@ -158,6 +166,9 @@ def _align_branches(names: Sequence[str], outs: list[tuple]) -> _Aligned:
             if not name.startswith(RETURN_VALUE):
                 aligned.parts.append((pytree.LEAF, [("undefined", name)]))
                 continue
+            if all(v is None for v in values if not isinstance(v, Undefined)):   # a bare `return`: None
+                aligned.parts.append((pytree.LEAF, [("fixed", None)]))
+                continue
             # the path that has not returned yet holds filler of the returned structure
             shape = next(v for v in values if not isinstance(v, Undefined))
             values = [pytree.tree_map(lambda _, u=v: u, shape) if isinstance(v, Undefined) else v for v in values]
@@ -178,6 +189,12 @@ def _align_branches(names: Sequence[str], outs: list[tuple]) -> _Aligned:
                     side.append(x)
         aligned.parts.append((flat[0][1], entries))
     return aligned
+
+
+def _side(t: Tracer, region: Region | None, leaves: list, state: dict | None = None) -> Side:
+    """A path's end for the merge planner: a parameter or global tensor a variable holds is
+    the storage of that constant (it may be written through the variable)."""
+    return Side(region, [t.as_proxy(x) if isinstance(x, torch.Tensor) else x for x in leaves], state)
 
 
 def _outside(t: Tracer, *regions: Region):
@@ -208,7 +225,7 @@ def _trace_if(test, then_fn: Callable, else_fn: Callable, state: tuple, names: S
         t.set_state(writes)      # the other branch starts from the same state
         written.update(dict.fromkeys(writes))
     aligned = _align_branches(names, outs)
-    sides = [Side(region, leaves, end) for region, leaves, end in zip(regions, aligned.leaves, ends)]
+    sides = [_side(t, region, leaves, end) for region, leaves, end in zip(regions, aligned.leaves, ends)]
     merged = list(range(len(aligned.names)))
     plan, resolved = make_plan(sides, merged, aligned.names, _outside(t, *regions))
     for side, r in zip(sides, resolved):
@@ -262,8 +279,9 @@ def while_stmt(cond_fn: Callable, body_fn: Callable, state: tuple, names: Sequen
 
 def for_stmt(iterable, body_fn: Callable, cond_fn: Callable | None, state: tuple, names: Sequence[str], key,
              in_place=(), rebound=()):
-    t = context.tracer()
-    if isinstance(iterable, (range, SymRange)) and key not in t.hints["unroll"]:
+    eager = getattr(context.current(), "eager", False)   # running the program as plain Python
+    t = None if eager else context.tracer()
+    if not eager and isinstance(iterable, (range, SymRange)) and key not in t.hints["unroll"]:
         trip, to_var = _range_trip(t, iterable)
         out = _trace_loop(lambda i, *s: body_fn(to_var(i), *s), cond_fn, state, names, key, trip,
                           static_trip=isinstance(iterable, range), rebound=rebound)
@@ -339,7 +357,7 @@ def _trace_loop(body_fn, cond_fn, state: tuple, names: Sequence[str], key, trip:
                 static_trip: bool = False, rebound=()):
     t = context.tracer()
     info = lambda kind: RegionInfo(kind, context.loc(key), key, static_trip)
-    loop = _loop_state(state, names, rebound)
+    loop = _loop_state(t, state, names, rebound)
     for _ in range(len(loop.leaves) + 64):
         body = _trace_body(t, body_fn, loop, info("body"))
         if body is not None:
@@ -347,7 +365,7 @@ def _trace_loop(body_fn, cond_fn, state: tuple, names: Sequence[str], key, trip:
     else:
         raise UnsupportedError("the loop's carried values did not settle", context.loc(key))
     regions = [body] + ([_trace_cond(t, cond_fn, loop, info("cond"))] if cond_fn is not None else [])
-    init = Side(t.region, loop.leaves)
+    init = _side(t, t.region, loop.leaves)
     inits = side_values(t, loop.head, init, resolve(init, list(loop.head.leaves), 0, lambda s: True))
     inits += [t.storage_value(s) for s in loop.written]
     results = t.emit(Op.LOOP, ([trip] if trip is not None else []) + inits,
@@ -362,7 +380,7 @@ def _trace_loop(body_fn, cond_fn, state: tuple, names: Sequence[str], key, trip:
     return pytree.unflatten(loop.spec, out)
 
 
-def _loop_state(state: tuple, names: Sequence[str], rebound) -> _LoopState:
+def _loop_state(t: Tracer, state: tuple, names: Sequence[str], rebound) -> _LoopState:
     leaves, spec = pytree.flatten(tuple(state))
     leaf_names = [n for n, s in zip(names, state) for _ in range(pytree.flatten(s)[1].num_leaves)]
     # A guess of what the loop carries, so that most loops are traced once: tensors and
@@ -370,7 +388,7 @@ def _loop_state(state: tuple, names: Sequence[str], rebound) -> _LoopState:
     guess = [i for i, (x, n) in enumerate(zip(leaves, leaf_names))
              if (n in rebound and isinstance(x, (torch.Tensor, numbers.Number)))
              or (n not in rebound and isinstance(x, numbers.Number) and not isinstance(x, bool))]
-    head, _ = make_plan([Side(None, leaves)], guess, leaf_names, lambda s: True, force_slots=guess)
+    head, _ = make_plan([_side(t, None, leaves)], guess, leaf_names, lambda s: True, force_slots=guess)
     return _LoopState(leaves, spec, leaf_names, list(names), head)
 
 
@@ -400,16 +418,16 @@ def _trace_body(t: Tracer, body_fn, loop: _LoopState, info: RegionInfo) -> Regio
             if out_spec != loop.spec:
                 _restructure(loop, out_leaves, out_spec, info)
                 return None
-            end = Side(region, out_leaves)
+            end = _side(t, region, out_leaves)
             is_outer = _outside(t, region)
             changed = [i for i in range(len(out_leaves)) if i in loop.head.leaves or
                        (not isinstance(out_leaves[i], Undefined) and not _same_python(loop.leaves[i], out_leaves[i]))]
             _check_carried(loop, out_leaves, changed, info)
-            plan, _ = make_plan([Side(None, loop.leaves), end], changed, loop.names, is_outer)
+            plan, _ = make_plan([_side(t, None, loop.leaves), end], changed, loop.names, is_outer)
             new_written = [s for s in t.outer_writes(log, region) if s not in loop.written]
             # a tensor the body only updates in place is the same tensor after the loop: not carried
-            unchanged = [i for i in loop.head.leaves if out_leaves[i] is inner[i] and
-                         isinstance(loop.leaves[i], torch.Tensor)]
+            unchanged = loop.head.droppable(i for i in loop.head.leaves if out_leaves[i] is inner[i] and
+                                            isinstance(loop.leaves[i], torch.Tensor))
             if not new_written and not unchanged and loop.head.covers(plan):
                 region.yields = side_values(t, loop.head, end, resolve(end, list(loop.head.leaves), 1, is_outer))
                 region.yields += [t.storage_value(s) for s in loop.written]
@@ -498,6 +516,9 @@ def _cast_builtin(f, x: Proxy):
         value = t.emit1(Op.WHERE, [t.emit1(Op.LT, [value, t.scalar(0, value.type.dtype)]),
                                    t.emit1(Op.CEIL, [value]), t.emit1(Op.FLOOR, [value])])
     dtype = _BUILTIN_CASTS[f]
+    if f is float and value.type.dtype.is_floating_point:
+        dtype = value.type.dtype   # a Python float keeps a double's precision; beside tensors it counts as
+                                   # a number, not a tensor, as a 0-d tensor does
     return t.fresh(value if value.type.dtype == dtype else t.emit1(Op.CAST, [value], dtype=dtype))
 
 

@@ -220,6 +220,20 @@ def _stmt_uses_kills(s: ast.stmt) -> tuple[set[str], set[str]]:
     return _loads(s), _stores([s])
 
 
+def _always_returns(stmts: list[ast.stmt]) -> bool:
+    """Whether every path through `stmts` ends in a `return` (or a `raise`)."""
+    if not stmts:
+        return False
+    last = stmts[-1]
+    if isinstance(last, (ast.Return, ast.Raise)):
+        return True
+    if isinstance(last, ast.If):
+        return _always_returns(last.body) and _always_returns(last.orelse)
+    if isinstance(last, ast.With):
+        return _always_returns(last.body)
+    return False
+
+
 # -- pass 1: return / break / continue become flags -----------------------------------------------
 
 class _Jumps:
@@ -234,8 +248,10 @@ class _Jumps:
         if not nested_return:
             return self.block(fdef.body, None)
         body = [_assign(RET, _call(_ct("undefined"), _const("return value"))), _assign(RET_SET, _const(False))]
+        falls_off = not _always_returns(fdef.body)
         body += self.block(fdef.body, None)
-        return body + [ast.Return(_call(_ct("final_return"), _load(RET)))]
+        returned = _load(RET_SET) if falls_off else _const(True)
+        return body + [ast.Return(_call(_ct("final_return"), _load(RET), returned))]
 
     def block(self, stmts: list[ast.stmt], loop) -> list[ast.stmt]:
         out = []

@@ -110,10 +110,14 @@ class Plan:
                         out.links.setdefault(link.key, link)
         return out
 
+    def droppable(self, leaves) -> set[int]:
+        """Which of the variables `leaves` could be left out (nothing links to their slots)."""
+        targeted = {link.target[1] for link in self.links.values() if link.target[0] == "slot"}
+        return {i for i in leaves if ("leaf", i) not in targeted}
+
     def without(self, leaves) -> "Plan":
         """This plan with the variables `leaves` not merged (where nothing links to them)."""
-        targeted = {link.target[1] for link in self.links.values() if link.target[0] == "slot"}
-        drop = {i for i in leaves if ("leaf", i) not in targeted}
+        drop = self.droppable(leaves)
         own = lambda key: key[0] == "leaf" and key[1] in drop
         return Plan({k: s for k, s in self.slots.items() if not own(k)},
                     {k: link for k, link in self.links.items() if not own(link.slot)},
@@ -153,7 +157,8 @@ class Resolved:
     where each variable points, and the links of its slots."""
     slot_of: dict[Storage, tuple]                          # local storage -> slot key
     leaves: dict[int, tuple[Target, Chain] | None]         # variable -> (target, chain); None: no tensor
-    links: dict[tuple, tuple[Target, Chain, tuple]] = field(default_factory=dict)   # key -> (target, chain, flags)
+    # link key -> (target, [(chain, flags to AND)]): one entry per way the side reaches it
+    links: dict[tuple, tuple[Target, list]] = field(default_factory=dict)
 
 
 def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[Storage], bool]) -> Resolved:
@@ -172,7 +177,7 @@ def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[
     for storage, slot in slot_of.items():
         for target, chain, flags in _link_targets(storage, is_outer, slot_of, (), {storage}):
             link = LinkPlan(slot, point(target), chain_structure(chain))
-            r.links.setdefault(link.key, (link.target, chain, flags))
+            r.links.setdefault(link.key, (link.target, []))[1].append((chain, flags))
     return r
 
 
@@ -229,7 +234,7 @@ def make_plan(sides: list[Side], merged: list[int], names: list[str], is_outer, 
     for r in resolved:
         for storage, key in r.slot_of.items():
             plan.slots.setdefault(key, Slot(storage.type, storage.meta, storage.layout_varies))
-        for key, (target, _, _) in r.links.items():
+        for key, (target, _) in r.links.items():
             plan.links.setdefault(key, LinkPlan(key[0], target, key[2]))
     for i in merged:
         _plan_leaf(plan, resolved, [side.leaves[i] for side in sides], i, names[i], i in force_slots)
@@ -288,23 +293,23 @@ def side_values(t: Tracer, plan: Plan, side: Side, r: Resolved) -> list[Value]:
         by_slot = {key: storage for storage, key in r.slot_of.items()}
         values = [_slot_value(t, side, by_slot.get(key), key, slot) for key, slot in plan.slots.items()]
         found = [r.links.get(key) or _found_leaf_link(r, link) for key, link in plan.links.items()]
-        values += [_all(t, f[2]) if f is not None else t.false() for f in found]
+        values += [_any(t, [_all(t, flags) for _, flags in f[1]]) if f is not None else t.false() for f in found]
         for link, f in zip(plan.links.values(), found):
             values += _indices(t, link.structure, f[1] if f is not None else None)
         for i, leaf in plan.leaves.items():
             if leaf.kind == "view":
                 point = r.leaves.get(i)
-                values += _indices(t, leaf.structure, point[1] if point is not None else None)
+                values += _indices(t, leaf.structure, tuple(point[1]) if point is not None else None)
     return values
 
 
 def _found_leaf_link(r: Resolved, link: LinkPlan) -> tuple | None:
-    """A variable's own link on this side: (target, chain, no flags) if it points there."""
+    """A variable's own link on this side: (target, [(chain, no flags)]) if it points there."""
     if link.slot[0] != "leaf" or link.slot[1] not in r.leaves:
         return None
     point = r.leaves[link.slot[1]]
     mine = _leaf_link(link.slot[1], point)
-    return (point[0], point[1], ()) if mine is not None and mine.key == link.key else None
+    return (point[0], [(point[1], ())]) if mine is not None and mine.key == link.key else None
 
 
 def _slot_value(t: Tracer, side: Side, storage: Storage | None, key: tuple, slot: Slot) -> Value:
@@ -329,10 +334,27 @@ def _all(t: Tracer, flags: tuple) -> Value:
     return value
 
 
-def _indices(t: Tracer, structure: tuple, chain: Chain | None) -> list[Value]:
-    if chain is not None:
-        return list(chain_dynamic(chain))
-    return [t.zeros(ty) for ty in _index_types(structure)]
+def _any(t: Tracer, flags: list[Value]) -> Value:
+    value = flags[0]
+    for f in flags[1:]:
+        value = t.emit1(Op.OR, [value, f])
+    return value
+
+
+def _indices(t: Tracer, structure: tuple, ways) -> list[Value]:
+    """The chain's dynamic indices on this side: those of a point's chain, or of the way the
+    side reaches a target whose flags hold (one index per position, chosen at run time)."""
+    if ways is None:
+        return [t.zeros(ty) for ty in _index_types(structure)]
+    if isinstance(ways, tuple):   # a variable's chain
+        return list(chain_dynamic(ways))
+    values = list(chain_dynamic(ways[-1][0]))
+    for chain, flags in reversed(ways[:-1]):
+        mine = chain_dynamic(chain)
+        if any(a is not b for a, b in zip(mine, values)):
+            holds = _all(t, flags)
+            values = [v if a is v else t.emit1(Op.WHERE, [holds, a, v]) for a, v in zip(mine, values)]
+    return values
 
 
 def build(t: Tracer, plan: Plan, values: list[Value], *, region: Region | None = None,

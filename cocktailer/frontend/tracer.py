@@ -100,8 +100,9 @@ class Proxy(torch.Tensor):
 
 def _layout(tensor: torch.Tensor) -> tuple:
     """Which memory a tensor is, and how it is laid out in it."""
-    return ((tensor.device, tensor.untyped_storage().data_ptr()), tuple(tensor.shape), tensor.stride(),
-            tensor.storage_offset(), tensor.dtype)
+    with torch._C.DisableTorchFunction():
+        return ((tensor.device, tensor.untyped_storage().data_ptr()), tuple(tensor.shape), tensor.stride(),
+                tensor.storage_offset(), tensor.dtype)
 
 
 def is_proxy(x) -> bool:
@@ -144,6 +145,10 @@ class Tracer:
         self.set_params(region, region.params)
         try:
             yield self.logs[-1]
+        except Exception as e:
+            if info.kind != "function":   # raised on a path capture traces but this call may not take
+                e.cocktailer_traced_path = True
+            raise
         finally:
             self.chain, self.logs = saved
             if consts is not None:
@@ -358,8 +363,6 @@ class Tracer:
         shares with other tensors."""
         dest = self.as_proxy(dest)
         storage = dest.storage
-        if storage.origin == "const":
-            self._check_const_write(storage)
         base = value if not dest.chain else self.scatter(self.storage_value(storage), dest.chain, value)
         self.assign(storage, base)
         dest.cached = (value, storage.stamp)
@@ -393,6 +396,8 @@ class Tracer:
             self._propagate(storage)
 
     def _set(self, storage: Storage, value: Value):
+        if storage.origin == "const":   # written back into the parameter or buffer after the call
+            self._check_const_write(storage)
         log = self.logs[-1]
         if storage not in log:
             log[storage] = (storage.value, storage.stamp)
@@ -417,15 +422,23 @@ class Tracer:
         """(storage, its contents after `storage` changed) for each link from or to it."""
         for link in list(storage.links):   # this storage may be part of the target: write it there
             target = link.target
+            if not self._in_scope(target):
+                continue
             yield target, lambda link=link, target=target: self.select(
                 link.flag, lambda: self.scatter(self.storage_value(target), link.chain, storage.value),
                 lambda: self.storage_value(target))
         for link in list(storage.dependents):   # another storage may be part of this one: read it again
             alias = link.alias
-            if alias is None or alias.value is None or not self.visible(alias.value):
+            if alias is None or alias.value is None or not self._in_scope(alias):
                 continue
             yield alias, lambda link=link, alias=alias: self.select(
                 link.flag, lambda: self.apply_chain(storage.value, link.chain), lambda: alias.value)
+
+    def _in_scope(self, storage: Storage) -> bool:
+        """Whether the program can still reach `storage`: it was made in a region enclosing this
+        one. (One made in a branch or an earlier trace of a loop body is gone: what a region
+        hands on is a new storage of the merge.)"""
+        return storage.region is None or any(r is storage.region for r in self.chain)
 
     def select(self, flag: Value | bool, then_fn: Callable[[], Value], else_fn: Callable[[], Value]) -> Value:
         """An IF op choosing between two values computed in its branches."""
