@@ -264,18 +264,20 @@ def _overlapping(tensors: list[torch.Tensor], program: Program) -> bool:
 
 
 def _own_memory(results: list[torch.Tensor], boundary, tensors: list[torch.Tensor], program: Program) -> list:
-    """What a program returns as new tensors must be new memory. The reference executor hands
-    back an input or a constant itself where the program only copied it (`x.clone()` is no
-    op in the IR), or one tensor for two outputs: those are copied."""
-    taken = {x.untyped_storage().data_ptr() for x in tensors}
-    taken |= {c.untyped_storage().data_ptr() for c in program.constants.values()}
-    results = list(results)
-    for slot in boundary.slots:
-        y = results[slot.value]
+    """What a program returns as new tensors, and the new contents of the tensors it writes,
+    must not be memory of the caller's tensors. The reference executor hands back views of
+    inputs and constants (`c.copy_(y[0])` leaves c's new contents a view of y, which the
+    write-back into y would change first), an input itself where the program only copied it
+    (`x.clone()` is no op in the IR), or one tensor for two outputs: those are copied."""
+    inputs = {x.untyped_storage().data_ptr() for x in tensors}
+    inputs |= {c.untyped_storage().data_ptr() for c in program.constants.values()}
+    results, taken = list(results), set(inputs)
+    for k in [slot.value for slot in boundary.slots] + [k for _, _, k in boundary.written]:
+        y = results[k]
         pointer = y.untyped_storage().data_ptr()
         if pointer in taken or not y.numel():
-            results[slot.value] = y.clone()
-        else:
+            results[k] = y.clone()
+        elif k not in [w for _, _, w in boundary.written]:
             taken.add(pointer)
     return results
 

@@ -437,3 +437,13 @@ def test_non_contiguous_inputs_keep_their_layout():
             warnings.simplefilter("ignore")
             torch.testing.assert_close(fast(c), f(e))
         torch.testing.assert_close(c, e)
+
+
+def copy_of_a_view_then_write_the_viewed(y, c):
+    c.copy_(y[0])                    # c's new contents: y[0] before the next write
+    y.add_(1.0)
+    return y, c
+
+
+def test_written_inputs_do_not_see_each_others_write_back():
+    assert_matches_eager(copy_of_a_view_then_write_the_viewed, [(randn(3, seed=0), torch.zeros(()))])

@@ -4,6 +4,7 @@ import torch.nn as nn
 
 import cocktailer
 from cocktailer.ir import Op
+from utils import assert_matches_eager
 
 try:
     from tests.utils import backends_under_test
@@ -265,3 +266,19 @@ def test_update_of_a_carried_cache_writes_in_place_unless_the_old_value_is_read_
             with torch.no_grad():
                 for got, want in zip(fast(*args), model(*args)):
                     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def nested_loops_each_with_two_recurrences(x, data, c):
+    for _ in range(3):
+        x = torch.tanh(x + 1.0)
+        for _ in range(2):         # two recurrences inside a loop with two recurrences
+            data = torch.relu(data - 0.5)
+            c = torch.tanh(c * 2.0)
+    return x, data, c
+
+
+def test_nested_loops_are_distributed_inside_out():
+    """Distributing the outer loop moves the inner one; the inner one is split where it ends
+    up (it used to be split afterwards in its old place, renaming its reads in place)."""
+    assert_matches_eager(nested_loops_each_with_two_recurrences,
+                         [(torch.randn(4), torch.randn(7, 3), torch.randn(()))])

@@ -64,6 +64,12 @@ class Region:
             for r in op.regions:
                 yield from r.regions()
 
+    def replace_uses(self, rename: dict[int, "Value"]):
+        """Reads of the values `rename` names (by id) read their replacements instead, here and
+        in every nested region."""
+        replace_uses(self.ops, rename)
+        self.yields = [rename.get(v.id, v) for v in self.yields]
+
     def outside_reads(self) -> list[Value]:
         """Values this region (at any depth: operands and yields) reads but does not define."""
         defined, reads = set(), []
@@ -118,6 +124,15 @@ class Operation:
     def loop_carried_yields(self) -> list[Value]:
         yields = self.loop_body.yields
         return yields[:len(yields) - self.loop_stacked]
+
+
+def replace_uses(ops: list[Operation], rename: dict[int, Value]):
+    """Reads of renamed values in these ops, and in the regions nested in them, read their
+    replacements instead."""
+    for op in ops:
+        op.operands = [rename.get(v.id, v) for v in op.operands]
+        for region in op.regions:
+            region.replace_uses(rename)
 
 
 def clone_ops(ops: list[Operation], rename: dict[int, Value]) -> list[Operation]:

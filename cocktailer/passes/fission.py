@@ -18,17 +18,25 @@ within one recurrence; anything else is left alone.
 from __future__ import annotations
 
 from cocktailer.ir import INDEX, Op, Operation, Program, Region, TensorType, Value
+from cocktailer.ir.program import replace_uses
 
 
 def distribute_loops(program: Program) -> Program:
     for fn in program.functions.values():
         scalars = {op.results[0].id: op.attrs["value"] for op in fn.body.walk() if op.op is Op.SCALAR}
-        for region in list(fn.body.regions()):
-            ops: list[Operation] = []
-            for op in region.ops:
-                ops += (_distribute(op, scalars) or [op]) if op.op is Op.LOOP else [op]
-            region.ops = ops
+        _distribute_region(fn.body, scalars)
     return program
+
+
+def _distribute_region(region: Region, scalars: dict):
+    """Inner loops first: distributing a loop moves its body's ops (inner loops included) into
+    new regions and renames what they read, so a nested loop is split where it ends up."""
+    ops: list[Operation] = []
+    for op in region.ops:
+        for inner in op.regions:
+            _distribute_region(inner, scalars)
+        ops += (_distribute(op, scalars) or [op]) if op.op is Op.LOOP else [op]
+    region.ops = ops
 
 
 def _distribute(loop: Operation, scalars: dict) -> list[Operation] | None:
@@ -142,7 +150,7 @@ def _build(loop: Operation, steps: int, stage: list[int], home: list[int], produ
                 row = rename[v.id] = Value(v.type, hint=v.hint)
                 reads.append(Operation(Op.SELECT, [stacks[v.id], step], [row], {"key": (("dyn",),)}, loc=loop.loc))
         mine_ops = [op for m, op in enumerate(ops) if stage[m] == s]
-        _substitute(mine_ops, rename)
+        replace_uses(mine_ops, rename)
         for v in exports[s]:
             stacks[v.id] = Value(TensorType((steps, *v.type.shape), v.type.dtype), hint="stacked")
         region = Region([step, *params], reads + mine_ops, [body.yields[j] for j in mine] + exports[s])
@@ -152,11 +160,3 @@ def _build(loop: Operation, steps: int, stage: list[int], home: list[int], produ
                                [region], loop.loc))
     return loops
 
-
-def _substitute(ops: list[Operation], rename: dict[int, Value]):
-    """Replace reads of renamed values, in these ops and in the regions nested in them."""
-    for op in ops:
-        op.operands = [rename.get(v.id, v) for v in op.operands]
-        for region in op.regions:
-            _substitute(region.ops, rename)
-            region.yields = [rename.get(v.id, v) for v in region.yields]

@@ -9,12 +9,14 @@ from typing import Callable
 
 from cocktailer import settings
 from cocktailer.ir import Program, format_program, verify
+from cocktailer.passes.carries import forward_invariant_results
 from cocktailer.passes.dce import dce
 from cocktailer.passes.fold_constants import fold_constants
 
 Pass = Callable[[Program], Program]
 
 CAPTURE_PIPELINE: list[tuple[str, Pass]] = [
+    ("forward_invariant_results", forward_invariant_results),
     ("dce", dce),
     ("fold_constants", fold_constants),
     ("dce_after_folding", dce),

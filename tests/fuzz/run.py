@@ -99,41 +99,61 @@ class Worker:
             pass
 
 
+def _jobs(seeds, native: int):
+    """(seed, configuration) pairs, a program's configurations one after the other."""
+    from fuzz.harness import configs_for
+    for seed in seeds:
+        configs = configs_for(seed, native)
+        for config in configs:
+            yield {"check": seed, "config": config, "of": len(configs)}
+
+
 def _drive(workers, seeds, deadline, args, report):
     selector = selectors.DefaultSelector()
     for w in workers:
         selector.register(w.proc.stdout, selectors.EVENT_READ, w)
-    finished = False
+    jobs, finished = _jobs(seeds, args.native), False
+    pending: dict[int, list] = {}   # seed -> outcomes so far
+
+    def done(job, outcome):
+        got = pending.setdefault(job["check"], [])
+        got.append(outcome)
+        if len(got) == job["of"]:
+            report.add({"seed": job["check"], "outcomes": pending.pop(job["check"])})
+
+    def replace(w):
+        selector.unregister(w.proc.stdout)
+        w.restart()
+        selector.register(w.proc.stdout, selectors.EVENT_READ, w)
+
     while True:
         for w in workers:
             if w.job is None and not finished:
-                if deadline is not None and time.monotonic() > deadline:
+                job = next(jobs, None)
+                if job is None or (deadline is not None and time.monotonic() > deadline and job["check"] not in pending):
                     finished = True
                     continue
-                seed = next(seeds, None)
-                if seed is None:
-                    finished = True
-                    continue
-                w.send({"check": seed, "native": args.native})
+                w.send(job)
         if finished and all(w.job is None for w in workers):
             return
         for key, _ in selector.select(timeout=1.0):
             w = key.data
             line = w.proc.stdout.readline()
             if not line:   # the worker died: a crash of the process
-                report.add_dead(w.job["check"], "the worker process died")
-                selector.unregister(w.proc.stdout)
-                w.restart()
-                selector.register(w.proc.stdout, selectors.EVENT_READ, w)
+                done(w.job, _dead(w.job, "crash", "the worker process died"))
+                replace(w)
                 continue
-            report.add(json.loads(line))
+            done(w.job, json.loads(line))
             w.job = None
         for w in workers:
-            if w.job is not None and time.monotonic() - w.since > args.timeout:
-                report.add_dead(w.job["check"], f"no answer in {args.timeout:.0f} s (a hang)", status="hang")
-                selector.unregister(w.proc.stdout)
-                w.restart()
-                selector.register(w.proc.stdout, selectors.EVENT_READ, w)
+            limit = args.timeout * (5 if w.job and w.job["config"] == "cpu-measured" else 1)   # it times candidates
+            if w.job is not None and time.monotonic() - w.since > limit:
+                done(w.job, _dead(w.job, "hang", f"no answer in {limit:.0f} s (a hang)"))
+                replace(w)
+
+
+def _dead(job: dict, status: str, why: str) -> dict:
+    return {"seed": job["check"], "config": job["config"], "status": status, "detail": why, "reason": "", "sets": 0}
 
 
 def _worker():
@@ -141,15 +161,12 @@ def _worker():
     import warnings
     warnings.simplefilter("ignore")
     from fuzz.gen import generate
-    from fuzz.harness import check, configs_for
+    from fuzz.harness import check
     from fuzz.minimize import minimize, write_reproducer
     for line in sys.stdin:
         job = json.loads(line)
         if "check" in job:
-            seed = job["check"]
-            program = generate(seed)
-            outcomes = [check(program, config).to_json() for config in configs_for(seed, job["native"])]
-            reply = {"seed": seed, "outcomes": outcomes}
+            reply = check(generate(job["check"]), job["config"]).to_json()
         else:
             from fuzz.harness import Outcome
             program = generate(job["minimize"])
@@ -194,22 +211,16 @@ class Report:
         statuses = [o["status"] for o in reply["outcomes"]]
         for o in reply["outcomes"]:
             self.by_config[o["config"]][o["status"]] += 1
-            if o["status"] in ("mismatch", "crash"):
+            if o["status"] in ("mismatch", "crash", "hang"):
                 self.failures.append(o)
-        reference = reply["outcomes"][0]
+        reference = next(o for o in reply["outcomes"] if o["config"] == "reference")
         if reference["status"] == "refused":
             self.refusals[reference["reason"]] += 1
-        worst = next((s for s in ("crash", "mismatch", "invalid", "refused") if s in statuses), "ok")
-        self.by_program["accepted" if worst in ("ok", "crash", "mismatch") else worst] += 1
-        for s in ("mismatch", "crash"):
+        verdict = reference["status"] if reference["status"] in ("invalid", "refused") else "accepted"
+        self.by_program[verdict] += 1
+        for s in ("mismatch", "crash", "hang"):
             if s in statuses:
                 self.by_program[s] += 1
-
-    def add_dead(self, seed: int, why: str, status: str = "crash"):
-        self.programs += 1
-        self.by_program[status if status == "hang" else "crash"] += 1
-        self.failures.append({"seed": seed, "config": "reference", "status": status, "detail": why, "reason": "",
-                              "sets": 0})
 
     def write(self, path: Path):
         path.write_text(json.dumps({
