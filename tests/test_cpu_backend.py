@@ -141,6 +141,24 @@ def test_second_compile_hits_the_disk_cache(tmp_path, monkeypatch):
     assert first.library == second.library
 
 
+@pytest.mark.parametrize("backend", ["cpu", "host"])
+def test_compiling_a_model_again_runs_no_compiler_and_writes_no_file(tmp_path, monkeypatch, backend):
+    """The generated source is the same for the same program (no process-wide numbering in
+    it), so a repeat compile, with a fresh capture, is a cache hit."""
+    monkeypatch.setenv("COCKTAILER_CACHE_DIR", str(tmp_path))
+    w = models.make("seq2seq", batch=1, size="small", seed=0)
+    first = cocktailer.compile(w.model, w.inputs, backend=backend)
+    files = sorted(tmp_path.rglob("*"))
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("the compiler ran although the library is cached")
+    monkeypatch.setattr(compiler.subprocess, "run", no_compiler)
+    again = cocktailer.compile(w.model, w.inputs, backend=backend)
+    assert sorted(tmp_path.rglob("*")) == files
+    with torch.no_grad():
+        assert_same(again(*w.inputs), first(*w.inputs), 0, 0)
+
+
 def test_two_processes_compiling_the_same_model_share_the_cache(tmp_path):
     script = textwrap.dedent("""
         import torch, cocktailer

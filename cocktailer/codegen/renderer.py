@@ -216,7 +216,9 @@ class Renderer:
         function = self.kernels.get(body)
         if function is None:
             function = self.kernels[body] = f"{self.entry}_k{len(self.kernels)}"
-        loc = f" /* %{op.results[0].id} = {op.op.name.lower()}{', ' + str(op.loc) if op.loc else ''} */"
+        # no value numbers here: they come from a process-wide counter, and the same program
+        # must render to the same source (the library cache's key) in every compile
+        loc = f" /* {op.op.name.lower()}{', ' + str(op.loc) if op.loc else ''} */"
         pointers = ", ".join(f"(char*){passed[key]}" for key in args) + (", " if args else "")
         if item.group is None:
             self.emit(f"if ({function}({pointers}w, W, err)) goto ct_fail;{loc}")
