@@ -20,7 +20,7 @@ import torch
 
 import cocktailer
 from cocktailer.api import NATIVE
-from cocktailer.runtime.compiler import CACHE_VARIABLE
+from cocktailer.runtime.cache import CACHE_VARIABLE
 from bench.status import Missing, Unsupported, describe
 from bench.subject import Subject
 

@@ -14,7 +14,7 @@ from cocktailer.passes.fission import distribute_loops
 from cocktailer.passes.hoist import hoist_invariant_matmuls
 from cocktailer.passes.unroll import unroll_loops
 from cocktailer.passes.wavefront import wavefront_order
-from cocktailer.runtime.compiler import compile_shared_library
+from cocktailer.runtime.compiler import load_library
 from cocktailer.runtime.native import CompiledProgram
 from cocktailer.runtime.waves import slower_side_by_side
 from cocktailer.schedule import Device, SimplePolicy
@@ -73,5 +73,5 @@ def cpu_backend(program: Program, workers: int | None = None, max_depth: int = D
                           fine_barriers=fine_barriers, excluded_waves=slower)
     uprogram = policy.schedule(program, plan, "L1")
     rendered = render(uprogram, plan, CPU)
-    library = compile_shared_library(assemble([rendered]))
-    return CompiledProgram(program, rendered, str(library), device.workers, max_depth, uprogram)
+    handle, path = load_library(assemble([rendered]))
+    return CompiledProgram(program, rendered, (handle, str(path)), device.workers, max_depth, uprogram)

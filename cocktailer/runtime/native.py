@@ -13,7 +13,7 @@ from cocktailer.codegen.kernels.gemm import prepack_b
 from cocktailer.codegen.renderer import CPU, Rendered, assemble, render
 from cocktailer.errors import CompiledCallError
 from cocktailer.ir import Program, TensorType
-from cocktailer.runtime.compiler import compile_shared_library
+from cocktailer.runtime.compiler import load_library
 from cocktailer.schedule import Device, SimplePolicy
 from cocktailer.schedule.memory import plan_memory
 from cocktailer.schedule.utask import UProgram
@@ -27,15 +27,15 @@ class CompiledProgram:
     are torch tensors bound by pointer; the scratch arena, the recursion stack and per-worker
     loop counters are allocated once per thread and reused, so calls are thread-safe."""
 
-    def __init__(self, program: Program, rendered: Rendered, library: str, workers: int, max_depth: int,
-                 uprogram: UProgram | None = None):
+    def __init__(self, program: Program, rendered: Rendered, library: tuple[ctypes.CDLL, str], workers: int,
+                 max_depth: int, uprogram: UProgram | None = None):
         self.program = program
         self.uprogram = uprogram   # the schedule it was generated from (explain prints it)
         self.rendered = rendered
         self.workers = workers
         self.max_depth = max_depth
-        self.library = library
-        self._fn = getattr(ctypes.CDLL(library), rendered.entry)
+        handle, self.library = library
+        self._fn = getattr(handle, rendered.entry)
         self._fn.argtypes = _ARGTYPES
         self._fn.restype = ctypes.c_int64
         self._constants = [self._constant(n) for n in rendered.plan.const_names]
@@ -124,6 +124,6 @@ def compile_together(programs: list[tuple[Program, bool]], device: Device, prefi
         parts.append((program, uprogram, render(uprogram, plan, CPU, entry=f"{prefix}_{k}")))
     if not parts:
         return []
-    library = str(compile_shared_library(assemble([rendered for *_, rendered in parts])))
-    return [CompiledProgram(program, rendered, library, device.workers, max_depth, uprogram)
+    handle, path = load_library(assemble([rendered for *_, rendered in parts]))
+    return [CompiledProgram(program, rendered, (handle, str(path)), device.workers, max_depth, uprogram)
             for program, uprogram, rendered in parts]

@@ -1,7 +1,7 @@
 """Single-op kernels as a standalone shared library, for tests and microbenchmarks of the
 kernels apart from the backend core (which renders whole programs).
 
-    lib = Library([op1, op2, ...])          # renders, compiles (cached by source hash), loads
+    lib = Library([op1, op2, ...])          # renders, compiles (in the cache, runtime.cache), loads
     err = lib.run(0, [a, b, out], workers=2)  # tensors: operands then the result, contiguous
 
 Kernel i becomes `void run_<i>(void** bufs, int64_t* err, int nthreads, int reps, int poison,
@@ -17,10 +17,6 @@ Buffers are bound by data_ptr(). `err` is 0, or 1 + the index of the failed chec
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import subprocess
-import tempfile
 from typing import Sequence
 
 import torch
@@ -28,14 +24,7 @@ import torch
 from cocktailer.codegen.kernels import KERNELS, PRELUDE
 from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.ir import Operation, Value
-
-CC = os.environ.get("CC", "gcc")
-try:   # the flags the CPU backend compiles whole programs with
-    from cocktailer.runtime.compiler import FLAGS as CFLAGS
-except ImportError:
-    CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-fno-math-errno")
-CACHE = os.path.join(tempfile.gettempdir(), "cocktailer-kernels")
-
+from cocktailer.runtime.compiler import load_library
 
 _CLOCK = r"""
 #include <time.h>
@@ -83,30 +72,12 @@ def render(ops: Sequence[Operation]) -> tuple[str, list[list[str]]]:
     return "\n".join(parts), messages
 
 
-def compile_source(source: str, extra_flags: Sequence[str] = ()) -> str:
-    """Path of the shared library built from `source` (reused when the source is unchanged)."""
-    os.makedirs(CACHE, exist_ok=True)
-    flags = [*CFLAGS, *extra_flags]
-    key = hashlib.sha256((source + "\0" + " ".join(flags)).encode()).hexdigest()[:24]
-    so = os.path.join(CACHE, f"k{key}.so")
-    if not os.path.exists(so):
-        c = os.path.join(CACHE, f"k{key}.c")
-        with open(c, "w") as f:
-            f.write(source)
-        tmp = f"{so}.{os.getpid()}.tmp"
-        proc = subprocess.run([CC, *flags, c, "-o", tmp, "-lm"], capture_output=True, text=True)
-        if proc.returncode:
-            raise RuntimeError(f"{CC} failed on {c}:\n{proc.stderr[-6000:]}")
-        os.replace(tmp, so)
-    return so
-
-
 class Library:
     def __init__(self, ops: Sequence[Operation], extra_flags: Sequence[str] = ()):
         self.ops = list(ops)
         self.source, self.messages = render(self.ops)
-        self.path = compile_source(self.source, extra_flags)
-        self.lib = ctypes.CDLL(self.path)
+        self.lib, path = load_library(self.source, extra_flags)
+        self.path = str(path)
         self._fns = [getattr(self.lib, f"run_{i}") for i in range(len(self.ops))]
 
     def bind(self, i: int, tensors: Sequence[torch.Tensor], workers: int, reps: int = 1, poison: bool = True,
