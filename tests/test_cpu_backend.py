@@ -214,7 +214,7 @@ def test_long_skeleton_compiled_without_optimizing_it(monkeypatch):
     w = models.make("lstm", batch=2, size="small", seed=0)
     traced = cocktailer.compile_traced(w.model, w.inputs, backend="cpu")
     (_, compiled), = traced.cache.values()
-    assert compiled.rendered.source.count('__attribute__((optimize("O0"))) int64_t cocktailer_run(') == 1
+    assert compiled.record.rendered.source.count('__attribute__((optimize("O0"))) int64_t cocktailer_run(') == 1
     with torch.no_grad():
         assert_same(traced(*w.inputs), w.model(*w.inputs), RTOL, ATOL, path="lstm")
 
@@ -226,7 +226,7 @@ def test_constant_weights_of_a_gemm_are_prepacked_and_repacked_when_changed():
     x = torch.randn(33, 600)   # rows enough for the GEMM path; depth in 3 packed blocks; partial panels
     fast = cocktailer.compile(model, (x,), backend="cpu")
     (_, compiled), = fast.cache.values()
-    assert len(compiled.rendered.prepacked) == 2
+    assert len(compiled.record.rendered.prepacked) == 2
     with torch.no_grad():
         assert_same(fast(x), model(x), RTOL, ATOL)
         model[0].weight.mul_(-0.5)

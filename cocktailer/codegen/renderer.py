@@ -102,10 +102,7 @@ class Rendered:
     errors: list[str]               # runtime error messages; err[0] == i + 1 means errors[i]
     plan: MemoryPlan
     entry: str = "cocktailer_run"   # the C function to call
-    fans_out: bool = False          # calls fan out to worker groups: one stack of frames per worker
     prepacked: dict = field(default_factory=dict)   # constant slot name -> (source constant, NR) to prepack
-    co_scheduled: bool = False      # some operators run on a group of the workers (wavefront)
-    fine_barriers: bool = False     # some synchronizations are fine-grained (step array)
 
 
 class Renderer:
@@ -121,9 +118,6 @@ class Renderer:
         self.sites: dict[str, list[int]] = {}   # callee -> call-site ids
         self.kernels: dict[str, str] = {}        # kernel body -> the C function that runs it
         self.signatures: dict[str, int] = {}     # function -> number of buffer arguments
-        self.fans_out = False
-        self.co_scheduled = False   # some uTasks run on groups of workers: the schedule needs all its workers
-        self.fine_barriers = False
         self.prepacked: dict[str, tuple[str, int]] = {}   # constant slot name -> (source constant, NR)
 
     # -- addressing -------------------------------------------------------------------
@@ -225,7 +219,6 @@ class Renderer:
         else:   # only the op's group of workers runs it, each with its rank in the group
             lo, hi = item.group
             self.emit(f"if (w >= {lo} && w < {hi} && {function}({pointers}w - {lo}, {hi - lo}, err)) goto ct_fail;{loc}")
-            self.co_scheduled = True
         self.signatures[function] = len(args)
 
     def sync(self, item: Sync):
@@ -236,7 +229,6 @@ class Renderer:
             waits = " || ".join(f"ct_await(ct_steps, {p}, ct_step, err)" for p in on)
             cases.append(f"case {w}: if ({waits}) goto ct_fail; break;")
         self.emit(f"switch (w) {{ {' '.join(cases)} default: break; }}")
-        self.fine_barriers = True
 
     def _prepack(self, source: str, nr: int) -> int:
         """The constant table's slot for constant `source` prepacked for NR-wide panels; the
@@ -340,7 +332,6 @@ class Renderer:
         saved in this frame's per-worker slots: the calls leave by `goto`, so C locals would
         not survive them, and a call that fans out again saves its own in the next frame."""
         n = len(item.calls)
-        self.fans_out = True
         self.emit(f"/* fan-out: {n} independent calls at once, one group of workers each */")
         self.emit("CT_S(sp, 2) = w; CT_S(sp, 3) = W; CT_S(sp, 4) = ct_lead; CT_S(sp, 5) = ct_nest;")
         self.emit(f"{{ const int G = ct_nest + 1 < CT_MAX_NEST && W > 1 ? (W < {n} ? W : {n}) : 1; int g = 0;")
@@ -402,7 +393,7 @@ class Renderer:
         for name in self.program.functions:
             if name != self.program.entry:
                 self.function(name)
-        if self.co_scheduled or self.fine_barriers:   # ops placed on worker k need worker k: fewer threads than asked would skip them
+        if self.up.co_scheduled or self.up.fine_barriers:   # ops placed on worker k need worker k: fewer threads would skip them
             message = "the runtime started fewer worker threads than the schedule places uTasks on"
             self.lines.insert(workers_check, f"  if (W != {self.up.device.workers}) {self.fail_here(message)}")
         self.lines = [self._resume(line[len("@@resume "):-2]) if line.startswith("@@resume ") else line
@@ -424,8 +415,7 @@ class Renderer:
             params = "".join(f"char* a{k}, " for k in range(self.signatures[name]))
             functions.append(f"__attribute__((noinline)) static int {name}({params}int w, int W, int64_t* err) {{\n"
                              f"{body}\nreturn 0;\n}}")
-        return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry, self.fans_out,
-                        self.prepacked, self.co_scheduled, self.fine_barriers)
+        return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry, self.prepacked)
 
 
 # The entry function is the program's skeleton: kernel calls, barriers and control flow; the

@@ -48,8 +48,9 @@ def _link_flags(source: str) -> list[str]:
     return ["-lm"]
 
 
-def compile_shared_library(source: str, extra_flags: Sequence[str] = ()) -> Path:
-    """The path of a valid library built from `source`: from the cache, else compiled now."""
+def compile_shared_library(source: str, extra_flags: Sequence[str] = ()) -> tuple[Path, bool]:
+    """The path of a valid library built from `source`, and whether it came from the cache
+    (else the compiler ran now)."""
     cc = find_compiler()
     if cc is None:
         raise CompilerNotFound("no C compiler found (set CC, or install gcc)")
@@ -59,7 +60,7 @@ def compile_shared_library(source: str, extra_flags: Sequence[str] = ()) -> Path
     directory = cache.cache_dir()
     library = directory / f"ct_{key}.so"
     if cache.valid(library):
-        return library
+        return library, True
     c_file = directory / f"ct_{key}.c"
     cache.write_atomic(c_file, source.encode())
     fd, tmp = tempfile.mkstemp(prefix=f".{library.name}.", suffix=".tmp", dir=directory)
@@ -74,18 +75,15 @@ def compile_shared_library(source: str, extra_flags: Sequence[str] = ()) -> Path
             os.unlink(tmp)
     cache.commit(library)
     cache.evict()
-    return library
+    return library, False
 
 
-def load_library(source: str, extra_flags: Sequence[str] = ()) -> tuple[ctypes.CDLL, Path]:
-    """The library built from `source`, loaded, and its path. An entry that validated but does
+def load_library(path: Path, source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
+    """The library at `path` (built from `source`), loaded. An entry that validated but does
     not load (another process evicted it in between) is built once more."""
-    for attempt in range(2):
-        path = compile_shared_library(source, extra_flags)
-        try:
-            return ctypes.CDLL(str(path)), path
-        except OSError:
-            if attempt:
-                raise
-            cache.forget(path)
-    raise AssertionError("unreachable")
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError:
+        cache.forget(path)
+        path, _ = compile_shared_library(source, extra_flags)
+        return ctypes.CDLL(str(path))

@@ -24,7 +24,7 @@ import torch
 from cocktailer.codegen.kernels import KERNELS, PRELUDE
 from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.ir import Operation, Value
-from cocktailer.runtime.compiler import load_library
+from cocktailer.runtime.compiler import compile_shared_library, load_library
 
 _CLOCK = r"""
 #include <time.h>
@@ -76,8 +76,8 @@ class Library:
     def __init__(self, ops: Sequence[Operation], extra_flags: Sequence[str] = ()):
         self.ops = list(ops)
         self.source, self.messages = render(self.ops)
-        self.lib, path = load_library(self.source, extra_flags)
-        self.path = str(path)
+        path, _ = compile_shared_library(self.source, extra_flags)
+        self.lib, self.path = load_library(path, self.source, extra_flags), str(path)
         self._fns = [getattr(self.lib, f"run_{i}") for i in range(len(self.ops))]
 
     def bind(self, i: int, tensors: Sequence[torch.Tensor], workers: int, reps: int = 1, poison: bool = True,
