@@ -4,8 +4,8 @@ kernels apart from the backend core (which renders whole programs).
     lib = Library([op1, op2, ...])          # renders, compiles (in the cache, runtime.cache), loads
     err = lib.run(0, [a, b, out], workers=2)  # tensors: operands then the result, contiguous
 
-Kernel i becomes `void run_<i>(void** bufs, int64_t* err, int nthreads, int reps, int poison,
-double* cpu)`: a `#pragma omp parallel num_threads(nthreads)` region that runs the kernel `reps`
+Kernel i becomes `void run_<i>(void** bufs, int64_t* err, int nw, int reps, int poison,
+double* cpu)`: the dialect's parallel region on `nw` workers, which runs the kernel `reps`
 times with a barrier before and after each, as between the ops of a compiled program. With
 `poison` the result is overwritten (0x7f bytes) before every repetition but the first, so that
 a worker writing outside its share -- even a compiler-invented store of a stale value -- may
@@ -21,6 +21,7 @@ from typing import Sequence
 
 import torch
 
+from cocktailer.codegen.dialect import CPU, preamble
 from cocktailer.codegen.kernels import KERNELS, PRELUDE
 from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.ir import Operation, Value
@@ -38,7 +39,8 @@ static double ck_thread_seconds(void) {
 
 def render(ops: Sequence[Operation]) -> tuple[str, list[list[str]]]:
     """C source with one `run_<i>` per op, and the run-time error messages of each."""
-    parts, messages = [PRELUDE, _CLOCK], []
+    d = CPU
+    parts, messages = [preamble(d), PRELUDE, _CLOCK], []
     for i, op in enumerate(ops):
         msgs: list[str] = []
         messages.append(msgs)
@@ -49,25 +51,27 @@ def render(ops: Sequence[Operation]) -> tuple[str, list[list[str]]]:
 
         def fail(message: str, msgs=msgs) -> str:
             msgs.append(message)
-            return f"{{\n#pragma omp atomic write\nerr[0] = {len(msgs)};\ngoto ct_fail; }}"
+            return f"{{ {d.atomic_store('err[0]', len(msgs))} goto ct_fail; }}"
 
         names = iter(range(1 << 30))
-        ctx = KernelContext(ptr=ptr, worker="w", workers="W", fail=fail, fresh=lambda p, n=names: f"{p}_{next(n)}")
+        ctx = KernelContext(ptr=ptr, worker="w", workers="W", fail=fail, fresh=lambda p, n=names: f"{p}_{next(n)}",
+                            simd=d.simd)
         body = KERNELS[op.op](op, ctx)
         out = op.results[0]
         nbytes, slot = out.type.numel * out.type.dtype.itemsize, slots[out.id]
-        parts.append(f"void run_{i}(void** bufs, int64_t* err, int nthreads, int reps, int poison, double* cpu) {{\n"
-                     f"#pragma omp parallel num_threads(nthreads)\n{{\n"
-                     f"const int w = omp_get_thread_num(); const int W = omp_get_num_threads();\n"
+        parts.append(f"void run_{i}(void** bufs, int64_t* err, int nw, int reps, int poison, double* cpu) {{\n"
+                     f"ct_barrier_t ct_bar; memset(&ct_bar, 0, sizeof ct_bar);\n"
+                     f"{d.parallel_begin}\n{{\n"
+                     f"{d.worker_ids} ct_barrier_t* ct_team = &ct_bar; (void)ct_gw;\n"
                      f"double busy = 0;\n"
                      f"for (int rep = 0; rep < reps; ++rep) {{\n"
                      f"if (poison && rep > 0 && w == 0) memset(bufs[{slot}], 0x7f, {nbytes});\n"
-                     f"#pragma omp barrier\n"
+                     f"{d.barrier}\n"
                      f"const double t0 = cpu ? ck_thread_seconds() : 0;\n"
                      f"{{\n{body}\n}}\n"
                      f"if (cpu) busy += ck_thread_seconds() - t0;\n"
-                     f"#pragma omp barrier\n"
-                     f"}}\ngoto ct_fail; ct_fail: ;\n"
+                     f"{d.barrier}\n"
+                     f"}}\nct_fail: ;\n"
                      f"if (cpu) cpu[w] = busy;\n}}\n}}\n")
     return "\n".join(parts), messages
 
