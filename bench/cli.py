@@ -33,6 +33,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                                                   "cores); 1 gives steadier numbers on a busy machine")
     p.add_argument("--interleave", action="store_true", help="time a workload's systems in rounds (one run of "
                    "each per round) instead of one after another: steadier comparisons on a shared machine")
+    p.add_argument("--load", help="comma-separated numbers of busy-looping processes to time every system beside "
+                                  "(e.g. 0,1,2: quiet, then one, then two), interleaved at each level: how each "
+                                  "system degrades on a shared machine")
     p.add_argument("--report", action="store_true", help="only rewrite table.md and the figures from --out")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
@@ -51,7 +54,12 @@ def config_from(args: argparse.Namespace, argv: list[str]) -> RunConfig:
         systems=_list(args.systems), size=size, budget=budget,
         compile_timeout_s=args.compile_timeout or (60.0 if args.quick else 900.0),
         fresh=args.fresh, quick=args.quick, threads=args.threads, out_dir=args.out, argv=argv,
-        interleave=args.interleave)
+        interleave=args.interleave, loads=_loads(args.load))
+
+
+def _loads(text: str | None) -> tuple[int, ...]:
+    """--load levels, quiet (0) always among them: the others are compared with it."""
+    return tuple(sorted({0, *(int(k) for k in _list(text))})) if text else ()
 
 
 def _list(text: str | None) -> list[str] | None:

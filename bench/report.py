@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
-from bench import status
+from bench import contention, status
 from bench.systems import PEER, TRACED
 
 REASON_WIDTH = 90   # the table keeps reasons short; results.json has them whole
@@ -20,7 +20,8 @@ def write(data: dict, out: pathlib.Path) -> str:
 
 
 def markdown(data: dict, notes: list[str] = ()) -> str:
-    parts = [_header(data), _matrix(data), _details(data), _compile_table(data), _roofline_table(data)]
+    parts = [_header(data), _matrix(data), contention.table(data), _details(data), _compile_table(data),
+             _roofline_table(data)]
     if notes:
         parts.append("\n".join(f"- {n}" for n in notes))
     return "\n\n".join(p for p in parts if p) + "\n"

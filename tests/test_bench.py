@@ -271,3 +271,13 @@ def test_interleaved_run_times_systems_in_rounds(tmp_path, monkeypatch):
     for name in ("cocktailer:reference", "traced:reference"):
         assert systems[name]["status"] == status.OK and systems[name]["interleaved"]
         assert len(systems[name]["times_s"]) == systems[name]["runs"] >= 1
+
+
+def test_load_levels_time_every_system_quiet_and_beside_busy_processes(tmp_path):
+    config = RunConfig(models=["loopbranch"], batches=(1,), systems=["eager", "cocktailer:reference"],
+                       budget=ONE_RUN, out_dir=tmp_path, quick=True, loads=(0, 1))
+    systems = run(config, zoo=ZOO, progress=False)["workloads"]["loopbranch/b1"]["systems"]
+    assert set(systems) == {"eager", "eager +1 busy", "cocktailer:reference", "cocktailer:reference +1 busy"}
+    assert all(e["status"] == status.OK and e["runs"] >= 1 for e in systems.values())
+    assert systems["eager +1 busy"]["load"] == 1
+    assert "## Under load" in (tmp_path / "table.md").read_text()

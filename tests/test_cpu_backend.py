@@ -232,3 +232,43 @@ def test_constant_weights_of_a_gemm_are_prepacked_and_repacked_when_changed():
         model[0].weight.mul_(-0.5)
         model[2].weight.add_(0.25)
         assert_same(fast(x), model(x), RTOL, ATOL)
+
+
+def test_a_preempted_program_runs_on_fewer_workers_and_probes_all_again(monkeypatch):
+    """The worker count after a call the OS preempted a worker of: half; all again after a
+    wait that doubles each time the cores are still busy, and resets once they are free."""
+    from cocktailer.runtime import native
+    now = [0.0]
+    monkeypatch.setattr(native.time, "monotonic", lambda: now[0])
+    workers = native.Workers(4, adaptive=True)
+    assert workers.choose() == 4
+    workers.report(4, 0)
+    assert workers.choose() == 4
+    workers.report(4, 3)
+    assert workers.choose() == 2 and workers.wait == workers.FIRST_WAIT
+    workers.report(2, 1)
+    assert workers.choose() == 1
+    now[0] += workers.wait
+    assert workers.choose() == 4   # a probe: still busy
+    workers.report(4, 2)
+    assert workers.choose() == 2 and workers.wait == 2 * workers.FIRST_WAIT
+    now[0] += workers.wait
+    workers.report(workers.choose(), 0)   # free again
+    assert workers.choose() == 4 and workers.wait == workers.FIRST_WAIT
+    fixed = native.Workers(4, adaptive=False)   # uTasks placed on given workers
+    fixed.report(4, 5)
+    assert fixed.choose() == 4
+
+
+@pytest.mark.parametrize("name,options", [("treefc", {"fan_out": True}), ("lstm", {}), ("seq2seq", {})])
+def test_results_do_not_depend_on_how_many_workers_a_call_gets(name, options):
+    """A busy machine makes calls run on fewer workers than compiled for: same results."""
+    w = models.make(name, batch=1, size="small", seed=2)
+    fast = cocktailer.compile(w.model, w.inputs, backend="cpu", options={"workers": 3, **options})
+    (_, compiled), = fast.cache.values()
+    with torch.no_grad():
+        expected = w.model(*w.inputs)
+        for active in (1, 2, 3, 1):
+            compiled.active_workers.active = active
+            compiled.active_workers.probe_at = float("inf")
+            assert_same(fast(*w.inputs), expected, RTOL, ATOL, path=f"{name} on {active}")

@@ -116,7 +116,8 @@ def _entry(part: Part) -> Entry:
     return Entry(rendered.entry, rendered.errors, [p.type for p in program.main.params],
                  [v.type for v in program.main.body.yields],
                  [_constant(program, rendered, name) for name in plan.const_names],
-                 plan.arena_bytes, plan.frame_bytes, plan.locals_per_frame, part.uprogram.fans_out)
+                 plan.arena_bytes, plan.frame_bytes, plan.locals_per_frame, part.uprogram.fans_out,
+                 part.uprogram.co_scheduled or part.uprogram.fine_barriers)
 
 
 def _constant(program: Program, rendered: Rendered, name: str):

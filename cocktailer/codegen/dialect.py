@@ -8,7 +8,9 @@ What a dialect supplies:
 - atomics and the wait primitives (pause, yield) that barriers are built from, as C macros
   (`CT_LOAD_ACQUIRE`, `CT_LOAD_RELAXED`, `CT_STORE_RELEASE`, `CT_STORE_RELAXED`,
   `CT_ADD_FETCH` (acquire-release), `CT_PAUSE`, `CT_YIELD`);
-- where state shared by all workers lives (the barriers, the step array).
+- where state shared by all workers lives (the barriers, the step array);
+- how a worker reports that the OS preempted it (another process wanted its core): the
+  runtime runs later calls on fewer workers while that goes on (runtime.native.Workers).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Dialect:
     name: str
+    defines: tuple[str, ...]        # feature macros, before any header
     headers: tuple[str, ...]
     primitives: str                 # C definitions of the CT_* atomics and wait primitives
     function_prefix: str            # qualifiers of the entry point
@@ -26,6 +29,7 @@ class Dialect:
     worker_ids: str                 # declares ct_gw (this worker), w and W (its team's view), private state
     barrier: str                    # all workers of the team wait here
     simd_pragma: str                # marks a loop whose iterations are L0 lanes
+    preemptions: tuple[str, str]    # each worker, entering and leaving: adds to err[1] how often it was preempted
 
     def simd(self, *reductions: str) -> str:
         """The annotation of a vector loop, with reductions such as "+:acc"."""
@@ -48,11 +52,17 @@ _GNU_ATOMICS = r"""
 #define CT_PAUSE() ((void)0)
 #endif
 #define CT_YIELD() sched_yield()
+/* How often the OS has taken this thread off its core for another (involuntary switches). */
+static inline long ct_switches(void) {
+  struct rusage u;
+  return getrusage(RUSAGE_THREAD, &u) ? 0 : u.ru_nivcsw;
+}
 """
 
 CPU = Dialect(
     name="c-openmp",
-    headers=("stdint.h", "string.h", "math.h", "omp.h", "sched.h"),
+    defines=("_GNU_SOURCE",),   # RUSAGE_THREAD
+    headers=("stdint.h", "string.h", "math.h", "omp.h", "sched.h", "sys/resource.h"),
     primitives=_GNU_ATOMICS,
     function_prefix="",
     shared_decls="ct_barrier_t ct_bars[CT_MAX_NEST * nw]; memset(ct_bars, 0, sizeof ct_bars); "
@@ -61,6 +71,9 @@ CPU = Dialect(
     worker_ids="const int ct_gw = omp_get_thread_num(); int w = ct_gw, W = omp_get_num_threads();",
     barrier="if (ct_wait(ct_team, W, err)) goto ct_fail;",
     simd_pragma="#pragma omp simd",
+    # only where there are several workers: one worker waits for no other
+    preemptions=("const long ct_switches0 = nw > 1 ? ct_switches() : 0;",
+                 "if (nw > 1) CT_ADD_FETCH(&err[1], (int64_t)(ct_switches() - ct_switches0));"),
 )
 
 # Synchronization and copies every target shares, written with the dialect's primitives.
@@ -120,5 +133,5 @@ _NO_RESTRICT = "#define restrict"
 def preamble(dialect: Dialect) -> str:
     """What every generated file starts with: headers, the dialect's primitives, the shared
     synchronization."""
-    head = "\n".join(f"#include <{h}>" for h in dialect.headers)
+    head = "\n".join([*(f"#define {d}" for d in dialect.defines), *(f"#include <{h}>" for h in dialect.headers)])
     return "\n".join([head, dialect.primitives, _NO_RESTRICT, SYNC_C])

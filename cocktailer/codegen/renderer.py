@@ -290,11 +290,12 @@ class Renderer:
         self.emit(f"{d.function_prefix}int64_t {self.entry}(void** in, void** out, void** cst, char* arena, "
                   "char* stack_all, int64_t max_depth, int64_t* locals, int64_t* rets, int64_t* err, int nw) {")
         self.emit(f"  enum {{ FRAME = {max(plan.frame_bytes, 64)}, NLOC = {plan.locals_per_frame} }};")
-        self.emit("  err[0] = 0;")
+        self.emit("  err[0] = 0; err[1] = 0;   /* an error code; how often workers were preempted */")
         self.emit(f"  {d.shared_decls}")
         self.emit(f"  {d.parallel_begin}")
         self.emit("  {")
         self.emit(f"  {d.worker_ids}")
+        self.emit(f"  {d.preemptions[0]}")
         self.emit("  int64_t sp = -1; char* fp = arena;")
         self.emit("  int ct_lead = 0, ct_nest = 0;   /* this worker's team: its first worker, its depth of splitting */")
         self.emit("  int64_t ct_step = 0;   /* fine-grained barriers passed (see ct_await) */")
@@ -324,6 +325,7 @@ class Renderer:
                       for line in self.lines]
         self.emit("ct_fail: ;")
         self.emit("ct_end: ;")
+        self.emit(f"  {d.preemptions[1]}")
         self.emit("  #undef CT_L")
         self.emit("  #undef CT_TEAM")
         self.emit("  #undef CT_S")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -40,6 +41,39 @@ class Entry:
     frame_bytes: int
     locals_per_frame: int
     stack_per_worker: bool            # calls fan out to worker groups: one stack of frames per worker
+    needs_all_workers: bool           # uTasks are placed on given workers: no call may run on fewer
+
+
+class Workers:
+    """How many workers the next call runs on. All of them, until a call reports that the OS
+    preempted one of its workers: another process wants the cores, and workers that meet at
+    barriers would wait out each other's time slices (a NASRNN on 2 workers beside one busy
+    process ran 250x slower than alone). Then half as many; and after a while all of them
+    again, to see whether the cores are free, waiting twice as long after each such probe
+    that finds them busy."""
+
+    FIRST_WAIT, MAX_WAIT = 0.05, 2.0   # seconds before probing all workers again
+
+    def __init__(self, most: int, adaptive: bool):
+        self.most, self.active = most, most
+        self.adaptive = adaptive and most > 1
+        self.wait, self.probe_at = self.FIRST_WAIT, 0.0
+
+    def choose(self) -> int:
+        if self.active < self.most and time.monotonic() >= self.probe_at:
+            return self.most
+        return self.active
+
+    def report(self, used: int, preempted: int):
+        if not self.adaptive:
+            return
+        if preempted and used > 1:
+            failed_probe = used > self.active
+            self.wait = min(2 * self.wait, self.MAX_WAIT) if failed_probe else self.FIRST_WAIT
+            self.active = max(1, used // 2)
+            self.probe_at = time.monotonic() + self.wait
+        elif used > self.active:   # a probe found the cores free
+            self.active, self.wait = used, self.FIRST_WAIT
 
 
 class CompiledProgram:
@@ -62,6 +96,7 @@ class CompiledProgram:
         self._packed_from = {k: c.source._version for k, c in enumerate(entry.constants) if isinstance(c, Packed)}
         self._const_table = (ctypes.c_void_p * max(len(self._constants), 1))(*[t.data_ptr() for t in self._constants])
         self._local = threading.local()
+        self.active_workers = Workers(workers, adaptive=not entry.needs_all_workers)
 
     def _scratch(self):
         scratch = getattr(self._local, "scratch", None)
@@ -74,7 +109,7 @@ class CompiledProgram:
                 if e.frame_bytes else torch.empty(64, dtype=torch.uint8),
                 torch.empty(self.workers * frames * e.locals_per_frame, dtype=torch.int64),
                 torch.empty(self.workers * frames * SLOTS_PER_FRAME, dtype=torch.int64),
-                torch.zeros(1, dtype=torch.int64))
+                (ctypes.c_int64 * 2)())   # the error code; how often workers were preempted
         return scratch
 
     def _refresh_packed(self):
@@ -109,8 +144,10 @@ class CompiledProgram:
         arena, stack, locals_, rets, err = self._scratch()
         ins = (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs])
         outs = (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs])
+        workers = self.active_workers.choose()
         code = self._fn(ins, outs, self._const_table, arena.data_ptr(), stack.data_ptr(), self.max_depth,
-                        locals_.data_ptr(), rets.data_ptr(), err.data_ptr(), self.workers)
+                        locals_.data_ptr(), rets.data_ptr(), err, workers)
+        self.active_workers.report(workers, err[1])
         if code:
             errors = self.entry.errors
             message = errors[code - 1] if 0 < code <= len(errors) else f"error {code}"
