@@ -8,7 +8,7 @@ import sys
 import time
 
 from bench import timing
-from bench.runner import RunConfig, run
+from bench.runner import RESULTS, RunConfig, run
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -36,6 +36,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--load", help="comma-separated numbers of busy-looping processes to time every system beside "
                                   "(e.g. 0,1,2: quiet, then one, then two), interleaved at each level: how each "
                                   "system degrades on a shared machine")
+    p.add_argument("--compile-times", action="store_true", help="only the compile-time table: each model compiled "
+                   "cold, again in a new process with its library on disk, and again in the same process")
     p.add_argument("--report", action="store_true", help="only rewrite table.md and the figures from --out")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
@@ -70,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     config = config_from(args, argv)
+    if args.compile_times:
+        from bench import compile_times
+        from cocktailer.models import names
+        out = args.out or RESULTS / "compile-times"
+        compile_times.measure(config.models or names(), config.size, config.batches[0], out)
+        print((out / "table.md").read_text())
+        return 0
     if args.report:
         from bench import report
         print(report.write(json.loads((config.out / "results.json").read_text()), config.out))

@@ -163,7 +163,8 @@ def _compile_table(data: dict) -> str:
         return ""
     return "\n".join(["## Compile time (s)", "",
                       "cold: into an empty library cache (capture, passes, schedule, code generation, C compiler); "
-                      "cached: the same model compiled again with its library on disk", "",
+                      "cached: the same model compiled again in the same process (a cache hit: no compiler run); "
+                      "`python -m bench --compile-times` adds a new process with the library on disk", "",
                       "| model | batch | system | cold s | cached s |", "|---|---|---|---|---|", *rows])
 
 
