@@ -7,7 +7,7 @@ import pathlib
 import sys
 import time
 
-from bench import timing
+from bench import machine, peer, timing
 from bench.runner import RESULTS, RunConfig, run
 
 
@@ -36,6 +36,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--load", help="comma-separated numbers of busy-looping processes to time every system beside "
                                   "(e.g. 0,1,2: quiet, then one, then two), interleaved at each level: how each "
                                   "system degrades on a shared machine")
+    p.add_argument("--baseline", help="a git commit (e.g. HEAD~1): every cocktailer system also runs as that "
+                   "commit's, in a process of its own, timed interleaved with this one's (implies --interleave)")
     p.add_argument("--compile-times", action="store_true", help="only the compile-time table: each model compiled "
                    "cold, again in a new process with its library on disk, and again in the same process")
     p.add_argument("--report", action="store_true", help="only rewrite table.md and the figures from --out")
@@ -56,7 +58,8 @@ def config_from(args: argparse.Namespace, argv: list[str]) -> RunConfig:
         systems=_list(args.systems), size=size, budget=budget,
         compile_timeout_s=args.compile_timeout or (60.0 if args.quick else 900.0),
         fresh=args.fresh, quick=args.quick, threads=args.threads, out_dir=args.out, argv=argv,
-        interleave=args.interleave, loads=_loads(args.load))
+        interleave=args.interleave, loads=_loads(args.load),
+        baseline=peer.resolve(args.baseline, str(machine.REPO)) if args.baseline else None)
 
 
 def _loads(text: str | None) -> tuple[int, ...]:

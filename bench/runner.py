@@ -23,7 +23,7 @@ from bench.compare import compare
 from bench.results import ResultStore
 from bench.status import NotTimed, Timeout, describe
 from bench.subject import Subject
-from bench.systems import System, all_systems, quick_selection, select, step_systems
+from bench.systems import System, all_systems, baseline_systems, quick_selection, select, step_systems
 from bench.timing import FULL, Budget, measure, measure_interleaved, summarize
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -43,6 +43,7 @@ class RunConfig:
     seed: int = 0
     threads: int | None = None                 # None: every library's default (all cores)
     interleave: bool = False                   # time a workload's systems in rounds, not one after another
+    baseline: str | None = None                # also run cocktailer systems from this git commit (interleaved)
     loads: tuple[int, ...] = ()                # quiet (0) and beside this many busy processes each (contention)
     out_dir: pathlib.Path | None = None
     argv: list[str] = field(default_factory=list)
@@ -67,6 +68,8 @@ def run(config: RunConfig, zoo: tuple[Callable, Callable] | None = None, progres
     models = config.models or list(names())
     pool = all_systems() + (step_systems() if config.systems else [])   # the steps only when named
     systems = select(pool, config.systems)
+    if config.baseline:
+        systems += baseline_systems(config.baseline, [s.backend for s in systems if s.name == f"cocktailer:{s.backend}"])
     if config.quick and not config.systems:
         systems = quick_selection(systems)
     store = ResultStore(config.out / "results.json", _run_info(config), fresh=config.fresh)
@@ -97,7 +100,7 @@ def _run_info(config: RunConfig) -> dict:
     return {"name": config.name, "started": _now(), "argv": config.argv, "quick": config.quick,
             "threads": config.threads, "size": config.size, "batches": list(config.batches), "seed": config.seed,
             "budget": asdict(config.budget), "compile_timeout_s": config.compile_timeout_s,
-            "interleave": config.interleave, "loads": list(config.loads)}
+            "interleave": config.interleave, "loads": list(config.loads), "baseline": config.baseline}
 
 
 def _now() -> str:
@@ -120,7 +123,7 @@ def _run_workload(model: str, batch: int, systems: list[System], config: RunConf
     subject, expected = built
     info["roofline"] = _roofline(subject, store.data["machine"]["measured"])
     store.save()
-    if config.interleave or config.loads:
+    if config.interleave or config.loads or config.baseline:
         _run_interleaved(key, todo, subject, expected, config, store, info, bar, config.loads or (0,))
     else:
         for system in todo:
@@ -148,6 +151,7 @@ def _subject(model: str, batch: int, config: RunConfig, make, info: dict) -> tup
     info["config"] = _jsonable(getattr(workload, "config", {}))
     try:
         subject = Subject(workload, config.threads)
+        subject.origin = (model, batch, config.size, config.seed)   # how a baseline process makes the same
         return subject, subject.eager()
     except Exception as exc:
         info["error"] = f"eager PyTorch failed: {describe(exc)}"

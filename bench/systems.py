@@ -9,6 +9,7 @@ straight-line graph run op by op with torch, i.e. eager without control flow.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import tempfile
@@ -21,6 +22,7 @@ import torch
 import cocktailer
 from cocktailer.api import NATIVE
 from cocktailer.runtime.cache import CACHE_VARIABLE
+from bench import machine
 from bench.status import Missing, Unsupported, describe
 from bench.subject import Subject
 
@@ -93,6 +95,23 @@ STEPS = [
 
 def step_systems() -> list[System]:
     return [System(name, OURS, _cocktailer(backend, options), backend=backend) for name, backend, options in STEPS]
+
+
+def baseline_systems(ref: str, backends: list[str]) -> list[System]:
+    """`cocktailer:<backend>@<ref>`: the same compile in the cocktailer of commit `ref`, run by
+    a process of its own (bench/peer.py) and timed there, interleaved with this one's."""
+    from bench.peer import Peer
+    peer: list = []
+
+    def prepare(backend: str, subject: Subject) -> Prepared:
+        if not peer:
+            peer.append(Peer(ref, str(machine.REPO)))
+        model, batch, size, seed = subject.origin
+        peer[0].ask("prepare", model, batch, size, seed, backend, None)
+        run = lambda: peer[0].ask("run")   # noqa: E731
+        run.reports_seconds = True          # timed in the peer process: no pipe in the number
+        return Prepared(run, to_result=lambda _: peer[0].ask("output"))
+    return [System(f"cocktailer:{b}@{ref}", OURS, functools.partial(prepare, b), backend=b) for b in backends]
 
 
 def select(systems: list[System], wanted: list[str] | None) -> list[System]:
