@@ -56,7 +56,8 @@ def table(data: dict) -> str:
 def _row(name: str, r: dict) -> str:
     hit = lambda ran: "" if not ran else " (compiler ran!)"   # noqa: E731
     return (f"{r['cold_s']:.3g} | {r['cold_compiler_s']:.3g} | {r['cold_s'] - r['cold_compiler_s']:.3g} | "
-            f"{r['warm_disk_s']:.3g}{hit(r['warm_disk_compiler_ran'])} | {r['warm_s']:.3g}{hit(r['warm_compiler_ran'])}")
+            f"{r['warm_disk_s']:.3g}{hit(r['warm_disk_compiler_ran'])} | "
+            f"{r['warm_s']:.3g}{hit(r['warm_compiler_ran'])}")
 
 
 def _worker(model: str, size: str, batch: int, cache: str) -> dict:

@@ -67,7 +67,8 @@ def _verdicts(w: dict, systems: dict, levels: list[int]) -> list[str]:
             slower = mine > eager
             degraded = mine / quiet > 2 and eager / eager_quiet < 2
             if slower or degraded:
-                why = "slower than eager" if slower else f"{mine / quiet:.2g}x its quiet time, eager {eager / eager_quiet:.2g}x"
+                why = "slower than eager" if slower else \
+                    f"{mine / quiet:.2g}x its quiet time, eager {eager / eager_quiet:.2g}x"
                 out.append(f"- {w.get('model')}/b{w.get('batch')} {name} +{k} busy: {why}")
     return out
 

@@ -49,7 +49,8 @@ def _ir(program: Program, record) -> str:
     text = f"== captured IR (passes applied: {', '.join(name for name, _ in CAPTURE_PIPELINE)}) ==\n{program}"
     built = record.built if record is not None else None
     if built is None or built.config.backend != "cpu":
-        return f"{text}\n\n== IR after the cpu backend's passes (none) ==\n(not the cpu backend: it runs the captured IR)"
+        return (f"{text}\n\n== IR after the cpu backend's passes (none) ==\n"
+                "(not the cpu backend: it runs the captured IR)")
     after = "(nothing to rewrite: the captured IR)" if built.program is program else str(built.program)
     return f"{text}\n\n== IR after the cpu backend's passes ({', '.join(built.passes) or 'none'}) ==\n{after}"
 

@@ -193,9 +193,10 @@ def test_type_inference_shortcuts_agree_with_torch_meta_kernels():
             cases += [(op, [TensorType(sa, a)], {"dtype": torch.float64} if op is Op.CAST else {})
                       for op in UNARY - {Op.NOT}]
             cases.append((Op.NOT, [TensorType(sa, torch.bool)], {}))
-            for b in dtypes[::2]:
-                for sb in shapes[::2]:
-                    cases += [(op, [TensorType(sa, a), TensorType(sb, b)], {}) for op in BINARY]
+            for b in (torch.float32, torch.int64, torch.bool):
+                for sb in ((), (3,), (2, 1, 3)):
+                    if sa in shapes[::2]:
+                        cases += [(op, [TensorType(sa, a), TensorType(sb, b)], {}) for op in BINARY]
             for dims in (None, (0,), (-1,), (0, 1), (5,)):
                 for keepdim in (False, True):
                     cases += [(op, [TensorType(sa, a)], {"dims": dims, "keepdim": keepdim})

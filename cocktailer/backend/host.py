@@ -165,7 +165,8 @@ def native_blocks(b: Build) -> str:
     native_from = b.config.native_from
     depths = nesting_depths(b.program)
     legal = native_legal(b.program, kernels.supported) if native_from is not None else set()
-    executor = b.executable = HostExecutor(b.program, {k for k in legal if depths[k] >= native_from}, b.config, b.record)
+    native = {k for k in legal if depths[k] >= native_from}
+    executor = b.executable = HostExecutor(b.program, native, b.config, b.record)
     b.record.program, b.record.native_constructs = b.program, executor.native
     b.parts = [Part(executor.block_program(block), b.config, f"block_{k}") for k, block in enumerate(executor.blocks)]
     return f"{len(b.parts)} blocks, {len(executor.native)} constructs inside them"

@@ -318,7 +318,7 @@ class Renderer:
         for name in self.program.functions:
             if name != self.program.entry:
                 self.function(name)
-        if self.up.co_scheduled or self.up.fine_barriers:   # ops placed on worker k need worker k: fewer threads would skip them
+        if self.up.co_scheduled or self.up.fine_barriers:   # ops placed on worker k: fewer threads would skip them
             message = "the runtime started fewer worker threads than the schedule places uTasks on"
             self.lines.insert(workers_check, f"  if (W != {self.up.device.workers}) {self.fail_here(message)}")
         self.lines = [self._resume(line[len("@@resume "):-2]) if line.startswith("@@resume ") else line
