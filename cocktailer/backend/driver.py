@@ -33,17 +33,21 @@ def build(program: Program, config: Config, samples: list[list[torch.Tensor]] | 
     record = Record(config)
     if config.policy == "measured" and config.backend == "cpu":
         return tune(program, config, samples or [], build_native, record)
-    missing = unsupported_ops(program) if config.backend == "cpu" else []
-    if missing:   # Constraint 1, construct by construct: what has native kernels still runs natively
-        record.notices.append(f"no native kernel for {'; '.join(missing)}: these ops run in Python, and so does "
-                              "the control flow around them; the rest runs in native blocks (see cocktailer.explain)")
-        config = Config(backend="host", workers=config.workers, max_depth=config.max_depth, native_from=0)
-    return build_native(program, config, record)
+    if config.backend == "host":
+        return build_host(program, config, record)
+    missing = unsupported_ops(program)
+    if not missing:
+        return build_cpu(program, config, record)
+    # Constraint 1, construct by construct: what has native kernels still runs natively
+    record.notices.append(f"no native kernel for {'; '.join(missing)}: these ops run in Python, and so does "
+                          "the control flow around them; the rest runs in native blocks (see cocktailer.explain)")
+    return build_host(program, Config(backend="host", workers=config.workers, max_depth=config.max_depth,
+                                      native_from=0), record)
 
 
 def build_native(program: Program, config: Config, record: Record) -> Callable:
-    """One configuration's pipeline, as it is: a cpu configuration of a program that has an op
-    without a native kernel is refused (the measured policy's candidates are built so)."""
+    """One measured-policy candidate's pipeline, as it is: a cpu configuration of a program
+    that has an op without a native kernel is refused, not moved to the host."""
     if config.backend == "host":
         return build_host(program, config, record)
     missing = unsupported_ops(program)

@@ -39,10 +39,12 @@ class NothingToSchedule(RuntimeError):
 
 def check_applies(candidate: Config, built) -> None:
     """A co-scheduling candidate that co-schedules nothing would only repeat another."""
-    uprogram = built.record.uprogram if candidate.wavefront else None
-    if candidate.wavefront and not uprogram.co_scheduled:
+    if not candidate.wavefront:
+        return
+    uprogram = built.record.uprogram
+    if not uprogram.co_scheduled:
         raise NothingToSchedule("no wave of independent operators balanced enough to run side by side")
-    if candidate.wavefront and candidate.fine_barriers and not uprogram.fine_barriers:
+    if candidate.fine_barriers and not uprogram.fine_barriers:
         raise NothingToSchedule("every synchronization needs all workers: no fine-grained barrier to place")
 
 
