@@ -234,29 +234,38 @@ def test_constant_weights_of_a_gemm_are_prepacked_and_repacked_when_changed():
         assert_same(fast(x), model(x), RTOL, ATOL)
 
 
-def test_a_preempted_program_runs_on_fewer_workers_and_probes_all_again(monkeypatch):
-    """The worker count after a call the OS preempted a worker of: half; all again after a
-    wait that doubles each time the cores are still busy, and resets once they are free."""
+def test_a_contended_program_runs_on_the_worker_count_that_has_been_faster(monkeypatch):
+    """Quiet: all workers. Once a call is preempted, half the workers are tried; the faster
+    count runs, and the other is tried again after a wait that doubles each time it loses
+    (at least 20 times what it took); a call on all workers that nothing preempted ends it."""
     from cocktailer.runtime import native
     now = [0.0]
     monkeypatch.setattr(native.time, "monotonic", lambda: now[0])
     workers = native.Workers(4, adaptive=True)
+    workers.report(workers.choose(), 0, 0.001)
     assert workers.choose() == 4
-    workers.report(4, 0)
+    workers.report(4, 3, 0.010)             # preempted: contended, 2 workers are tried next
+    assert workers.choose() == 2
+    workers.report(2, 1, 0.004)             # faster: it runs, 4 is tried after 20 times what it took
+    assert workers.choose() == 2 and workers.wait == 20 * 0.010
+    now[0] += workers.wait
     assert workers.choose() == 4
-    workers.report(4, 3)
-    assert workers.choose() == 2 and workers.wait == workers.FIRST_WAIT
-    workers.report(2, 1)
-    assert workers.choose() == 1
+    workers.report(4, 2, 0.1)               # lost again: twice the wait, or 20 times what it took
+    assert workers.wait == 20 * 0.1 and workers.choose() == 2
     now[0] += workers.wait
-    assert workers.choose() == 4   # a probe: still busy
-    workers.report(4, 2)
-    assert workers.choose() == 2 and workers.wait == 2 * workers.FIRST_WAIT
-    now[0] += workers.wait
-    workers.report(workers.choose(), 0)   # free again
-    assert workers.choose() == 4 and workers.wait == workers.FIRST_WAIT
+    assert workers.choose() == 4
+    workers.report(4, 0, 0.001)             # nothing preempted it: quiet again
+    assert workers.choose() == 4
+    decoder = native.Workers(4, adaptive=True)   # where all workers stay faster under contention
+    decoder.report(4, 1, 0.005)
+    assert decoder.choose() == 2
+    decoder.report(2, 1, 0.009)
+    assert decoder.choose() == 4 and decoder.wait == 20 * 0.009
+    decoder.report(4, 0, 0.005)
+    decoder.report(4, 1, 0.005)             # contended again: 2 waits its turn
+    assert decoder.choose() == 4
     fixed = native.Workers(4, adaptive=False)   # uTasks placed on given workers
-    fixed.report(4, 5)
+    fixed.report(4, 5, 0.001)
     assert fixed.choose() == 4
 
 
@@ -269,6 +278,5 @@ def test_results_do_not_depend_on_how_many_workers_a_call_gets(name, options):
     with torch.no_grad():
         expected = w.model(*w.inputs)
         for active in (1, 2, 3, 1):
-            compiled.active_workers.active = active
-            compiled.active_workers.probe_at = float("inf")
+            compiled.active_workers.choose = lambda: active
             assert_same(fast(*w.inputs), expected, RTOL, ATOL, path=f"{name} on {active}")

@@ -45,35 +45,52 @@ class Entry:
 
 
 class Workers:
-    """How many workers the next call runs on. All of them, until a call reports that the OS
-    preempted one of its workers: another process wants the cores, and workers that meet at
-    barriers would wait out each other's time slices (a NASRNN on 2 workers beside one busy
-    process ran 250x slower than alone). Then half as many; and after a while all of them
-    again, to see whether the cores are free, waiting twice as long after each such probe
-    that finds them busy."""
+    """How many workers the next call runs on.
 
-    FIRST_WAIT, MAX_WAIT = 0.05, 2.0   # seconds before probing all workers again
+    On a quiet machine, all of them. Once a call reports that the OS preempted one of its
+    workers (another process wants the cores), calls are contended: workers that meet at
+    barriers may wait out each other's time slices (a 2-worker LSTM beside one busy process
+    took 600 ms a call, 13 ms on one worker), or may still beat fewer workers (an attention
+    decoder: 5.5 ms on 2, 8.5 ms on 1). So while contended, each call runs on whichever of all
+    or half the workers has been faster lately, and the other is tried again now and then,
+    after a wait that doubles each time it loses and is at least PROBE_COST times what it took
+    (so trying costs a few percent). A call on all workers that no preemption disturbed ends
+    the contention."""
+
+    FIRST_WAIT, MAX_WAIT = 0.05, 30.0   # seconds before the slower count is tried again
+    PROBE_COST = 20
 
     def __init__(self, most: int, adaptive: bool):
-        self.most, self.active = most, most
+        self.most, self.fewer = most, max(1, most // 2)
         self.adaptive = adaptive and most > 1
-        self.wait, self.probe_at = self.FIRST_WAIT, 0.0
+        self.contended = False
+        self.seconds: dict[int, float] = {}   # worker count -> recent seconds of a contended call
+        self.wait, self.retry_at = self.FIRST_WAIT, 0.0
 
     def choose(self) -> int:
-        if self.active < self.most and time.monotonic() >= self.probe_at:
+        if not self.contended:
             return self.most
-        return self.active
+        best = min(self.seconds, key=self.seconds.get)
+        other = self.fewer if best == self.most else self.most
+        return other if other not in self.seconds or time.monotonic() >= self.retry_at else best
 
-    def report(self, used: int, preempted: int):
+    def report(self, used: int, preempted: int, seconds: float):
         if not self.adaptive:
             return
-        if preempted and used > 1:
-            failed_probe = used > self.active
-            self.wait = min(2 * self.wait, self.MAX_WAIT) if failed_probe else self.FIRST_WAIT
-            self.active = max(1, used // 2)
-            self.probe_at = time.monotonic() + self.wait
-        elif used > self.active:   # a probe found the cores free
-            self.active, self.wait = used, self.FIRST_WAIT
+        if used == self.most and not preempted:
+            self.contended = False
+            return
+        self.contended = True
+        best_before = min(self.seconds, key=self.seconds.get) if self.seconds else used
+        last = self.seconds.get(used)
+        self.seconds[used] = seconds if last is None else (last + seconds) / 2
+        best = min(self.seconds, key=self.seconds.get)
+        if used != best:   # the count tried lost: try it later, later each time it loses
+            self.wait = min(max(2 * self.wait, self.PROBE_COST * seconds), self.MAX_WAIT)
+            self.retry_at = time.monotonic() + self.wait
+        elif best != best_before:   # it won: it runs now, the other is tried after the wait
+            self.wait = min(max(self.wait, self.PROBE_COST * self.seconds[best_before]), self.MAX_WAIT)
+            self.retry_at = time.monotonic() + self.wait
 
 
 class CompiledProgram:
@@ -145,9 +162,10 @@ class CompiledProgram:
         ins = (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs])
         outs = (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs])
         workers = self.active_workers.choose()
+        start = time.perf_counter()
         code = self._fn(ins, outs, self._const_table, arena.data_ptr(), stack.data_ptr(), self.max_depth,
                         locals_.data_ptr(), rets.data_ptr(), err, workers)
-        self.active_workers.report(workers, err[1])
+        self.active_workers.report(workers, err[1], time.perf_counter() - start)
         if code:
             errors = self.entry.errors
             message = errors[code - 1] if 0 < code <= len(errors) else f"error {code}"
