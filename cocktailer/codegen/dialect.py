@@ -10,7 +10,7 @@ What a dialect supplies:
   `CT_ADD_FETCH` (acquire-release), `CT_PAUSE`, `CT_YIELD`);
 - where state shared by all workers lives (the barriers, the step array);
 - how a worker reports that the OS preempted it (another process wanted its core): the
-  runtime runs later calls on fewer workers while that goes on (runtime.native.Workers).
+  runtime then picks each call's worker count by what has been faster (runtime.native.Workers).
 """
 from __future__ import annotations
 
