@@ -171,7 +171,11 @@ class JaxPort:
 
 def structured(program: Program, outs: list):
     """The port's flat results in the structure of the model's output (what eager returns)."""
-    outs = outs[: len(outs) - len(program.inputs_written)]   # in-place input writes come last
+    boundary = program.boundary
+    if not boundary.plain:
+        raise NotImplementedError("the JAX port returns new arrays only (this program's outputs alias its inputs "
+                                  "or each other, or it writes into its inputs)")
+    outs = [outs[boundary.slots[o.index].value] for o in boundary.outputs]
     spec, kinds = program.output_spec
     it = iter(outs)
     return pytree.unflatten(spec, [next(it) if is_tensor else value for is_tensor, value in kinds])

@@ -4,11 +4,12 @@
     print(cocktailer.capture(model, (x, h)))
     cocktailer.explain(model, (x, h))      # what the measured policy chose, and why
 """
-from cocktailer.api import BACKENDS, CompiledFunction, GradFallbackWarning, capture, compile, compile_traced
-from cocktailer.errors import CocktailerError, CompiledCallError, UnsupportedError
+from cocktailer.api import (BACKENDS, AliasedInputsWarning, CompiledFunction, GradFallbackWarning, capture, compile,
+                            compile_traced)
+from cocktailer.errors import CocktailerError, CompiledCallError, InternalError, UnsupportedError
 from cocktailer.explain import explain
 from cocktailer.ir import Program, format_program, verify
 
 __version__ = "0.1.0"
-__all__ = ["BACKENDS", "CocktailerError", "CompiledCallError", "CompiledFunction", "GradFallbackWarning",
-           "Program", "UnsupportedError", "capture", "compile", "compile_traced", "explain", "format_program", "verify"]
+__all__ = ["BACKENDS", "AliasedInputsWarning", "CocktailerError", "CompiledCallError", "CompiledFunction",
+           "GradFallbackWarning", "InternalError", "Program", "UnsupportedError", "capture", "compile", "compile_traced", "explain", "format_program", "verify"]

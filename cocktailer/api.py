@@ -1,7 +1,9 @@
 """The user-facing entry points: capture() and compile()."""
 from __future__ import annotations
 
+import enum
 import inspect
+import types
 import warnings
 from dataclasses import replace
 from typing import Any, Callable
@@ -9,7 +11,7 @@ from typing import Any, Callable
 import torch
 
 from cocktailer import pytree
-from cocktailer.errors import CompiledCallError
+from cocktailer.errors import CocktailerError, CompiledCallError, InternalError
 from cocktailer.frontend import capture as _frontend_capture
 from cocktailer.ir import Program
 from cocktailer.passes import CAPTURE_PIPELINE, run_pipeline
@@ -33,7 +35,10 @@ def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwa
     """The IR Program of `model_or_function(*example_inputs)`: data flow and control flow.
     `str(program)` is its text form."""
     program = _frontend_capture(model_or_function, _as_tuple(example_inputs), example_kwargs)
-    return run_pipeline(program, CAPTURE_PIPELINE)
+    try:
+        return run_pipeline(program, CAPTURE_PIPELINE)
+    except Exception as e:   # a pass failed, or left an invalid program: a bug of ours
+        raise InternalError(e, program.main.loc) from e
 
 
 def compile_traced(model_or_function: Callable, example_inputs: tuple, *, backend: str = "auto",
@@ -94,6 +99,10 @@ class GradFallbackWarning(UserWarning):
     """compile()d code is inference-only; a call that needs gradients ran eagerly."""
 
 
+class AliasedInputsWarning(UserWarning):
+    """A call whose tensor arguments share memory, to a program that writes in place, ran eagerly."""
+
+
 class CompiledFunction:
     def __init__(self, fn: Callable, backend: str, options: dict | None = None):
         self.fn = fn
@@ -103,7 +112,9 @@ class CompiledFunction:
         self.signature = inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn)
         self.parameters = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
         self.cache: dict[tuple, tuple[Program, Callable]] = {}
+        self._guards: dict[tuple, _ConstantGuard] = {}
         self._warned_grad = False
+        self._warned_aliased = False
         self.chosen = backend        # with "auto": the backend the last specialization used
         self.frozen = False   # compile_traced: no other specialization may be compiled
 
@@ -125,11 +136,20 @@ class CompiledFunction:
     def _entry(self, args, kwargs, leaves: list | None = None) -> tuple[Program, Callable]:
         key = self._key(args, kwargs, leaves)
         entry = self.cache.get(key)
+        if entry is not None and not self.frozen and not self._guards[key].holds():
+            entry = None   # the model's parameters were replaced since: compile for the ones it holds now
         if entry is None:
             if self.frozen:
                 raise CompiledCallError("a traced graph only runs on inputs shaped like the ones it was traced with")
             program = capture(self.fn, args, kwargs)
-            entry = self.cache[key] = (program, self._build(program, self._samples(args, kwargs, key)))
+            try:
+                executable = self._build(program, self._samples(args, kwargs, key))
+            except (CocktailerError, ValueError):
+                raise
+            except Exception as e:   # the backend failed on a captured program: a bug of ours
+                raise InternalError(e, program.main.loc) from e
+            entry = self.cache[key] = (program, executable)
+            self._guards[key] = _ConstantGuard(self.fn, program)
         return entry
 
     def __call__(self, *args, **kwargs):
@@ -145,10 +165,19 @@ class CompiledFunction:
         program, run = self._entry(args, kwargs, leaves)
         refresh_derived(program)
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        boundary = program.boundary
+        if boundary.written and _overlapping(tensors, program):
+            if not self._warned_aliased:
+                warnings.warn("this call's tensor arguments share memory with each other (or with a parameter the "
+                              "program writes), and the program writes in place: it runs eagerly, so that every "
+                              "alias sees the writes as in PyTorch", AliasedInputsWarning, stacklevel=2)
+                self._warned_aliased = True
+            return self.fn(*args, **kwargs)
         results = run(tensors)
-        for n, value in zip(program.inputs_written, results[len(results) - len(program.inputs_written):]):
-            tensors[n].copy_(value)   # the program wrote into this input in place, as eager would
-        outputs = iter(results)
+        if not getattr(run, "fresh_outputs", False):
+            results = _own_memory(results, boundary, tensors, program)
+        boundary.write_back(results, tensors, program.constants)   # the program wrote into these, as eager would
+        outputs = iter(boundary.outputs_of(results, tensors, program.constants))
         out_spec, kinds = program.output_spec
         return pytree.unflatten(out_spec, [next(outputs) if is_tensor else value for is_tensor, value in kinds])
 
@@ -207,16 +236,107 @@ def _warn_once(message: str):
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+def _overlapping(tensors: list[torch.Tensor], program: Program) -> bool:
+    """Whether tensor arguments share memory with each other or with a constant the program
+    writes (the compiled program treats them as separate memory)."""
+    pointers = [x.untyped_storage().data_ptr() for x in tensors if x.numel()]
+    written = {program.constants[name].untyped_storage().data_ptr() for name in program.boundary.constants_written}
+    return len(set(pointers)) != len(pointers) or bool(written.intersection(pointers))
+
+
+def _own_memory(results: list[torch.Tensor], boundary, tensors: list[torch.Tensor], program: Program) -> list:
+    """What a program returns as new tensors must be new memory. The reference executor hands
+    back an input or a constant itself where the program only copied it (`x.clone()` is no
+    op in the IR), or one tensor for two outputs: those are copied."""
+    taken = {x.untyped_storage().data_ptr() for x in tensors}
+    taken |= {c.untyped_storage().data_ptr() for c in program.constants.values()}
+    results = list(results)
+    for slot in boundary.slots:
+        y = results[slot.value]
+        pointer = y.untyped_storage().data_ptr()
+        if pointer in taken or not y.numel():
+            results[slot.value] = y.clone()
+        else:
+            taken.add(pointer)
+    return results
+
+
 def _tensors(args, kwargs) -> list[torch.Tensor]:
     return [x for x in pytree.flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
 
 
 def _leaf_key(x) -> Any:
+    if isinstance(x, torch.Tensor):   # a layout other than contiguous changes which reshapes are views
+        return ("tensor", tuple(x.shape), x.dtype, x.device, None if x.is_contiguous() else x.stride())
+    return ("python", python_key(x))
+
+
+_PRIMITIVES = (int, float, complex, bool, str, bytes, type(None), type(Ellipsis), slice, range, enum.Enum,
+               torch.dtype, torch.device, torch.Size, torch.memory_format, torch.layout)
+_BY_IDENTITY = (torch.nn.Module, types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.ModuleType, type)
+
+
+def python_key(x, seen: dict | None = None) -> Any:
+    """A key for a Python argument by value and structure, never by identity alone: capture
+    reads Python values, so an object mutated since (a tree whose children changed) must
+    not find the program compiled for its old contents. Tensors inside objects are
+    constants of the program: they count by identity, shape and dtype."""
+    if isinstance(x, _PRIMITIVES):
+        return (type(x), x)
     if isinstance(x, torch.Tensor):
-        return ("tensor", tuple(x.shape), x.dtype, x.device)
-    try:
-        hash(x)
-    except TypeError:
-        raise CompiledCallError(f"compiled functions take tensors and hashable Python values; got an unhashable "
-                                f"{type(x).__name__}") from None
-    return ("python", type(x), x)
+        return ("tensor", id(x), tuple(x.shape), x.dtype, x.device)
+    seen = {} if seen is None else seen
+    if id(x) in seen:   # a cycle, or an object reached twice: where it was first seen
+        return ("seen", seen[id(x)])
+    seen[id(x)] = len(seen)
+    if isinstance(x, (tuple, list)):
+        return (type(x).__name__, tuple(python_key(v, seen) for v in x))
+    if isinstance(x, dict):
+        return ("dict", tuple((python_key(k, seen), python_key(v, seen)) for k, v in x.items()))
+    if isinstance(x, (set, frozenset)):
+        return (type(x).__name__, frozenset(python_key(v, seen) for v in x))
+    if isinstance(x, _BY_IDENTITY):
+        return ("object", id(x))
+    if type(x).__hash__ not in (object.__hash__, None):   # the class defines equality by value itself
+        try:
+            return ("value", type(x), hash(x), x)
+        except TypeError:
+            pass
+    fields = dict(vars(x)) if hasattr(x, "__dict__") else {}
+    fields.update((name, getattr(x, name)) for cls in type(x).__mro__ for name in getattr(cls, "__slots__", ())
+                  if isinstance(name, str) and hasattr(x, name) and name != "__weakref__")
+    if not fields:
+        return ("object", id(x))
+    return ("fields", type(x), tuple((name, python_key(v, seen)) for name, v in sorted(fields.items())))
+
+
+class _ConstantGuard:
+    """Notices when what a compiled program reads as constants is not what the model holds
+    any more: a parameter, buffer or submodule replaced (`layer.weight = nn.Parameter(...)`),
+    or new memory under the same tensor (`w.data = ...`). The program is then compiled again."""
+
+    def __init__(self, fn: Callable, program: Program):
+        sources = [t for name, t in program.constants.items() if name not in program.derived]
+        self.tensors, self.pointers = sources, [t.data_ptr() for t in sources]
+        self.attributes = _attribute_checks(fn, program) if isinstance(fn, torch.nn.Module) else []
+
+    def holds(self) -> bool:
+        return all(d.get(k) is v for d, k, v in self.attributes) and \
+            [t.data_ptr() for t in self.tensors] == self.pointers
+
+
+def _attribute_checks(module: torch.nn.Module, program: Program) -> list[tuple[dict, str, Any]]:
+    """(dict, key, object) for every submodule, parameter and buffer on the paths to the
+    constants named after the module's attributes."""
+    named = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
+    checks = {}
+    for name in program.constants:
+        if name not in named:
+            continue
+        owner, path = [module], name.split(".")
+        for part in path[:-1]:
+            owner.append(owner[-1]._modules[part])
+            checks[(id(owner[-2]._modules), part)] = (owner[-2]._modules, part, owner[-1])
+        table = owner[-1]._parameters if path[-1] in owner[-1]._parameters else owner[-1]._buffers
+        checks[(id(table), path[-1])] = (table, path[-1], table[path[-1]])
+    return list(checks.values())

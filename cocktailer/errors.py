@@ -62,6 +62,41 @@ class UnsupportedError(CocktailerError):
         super().__init__(text)
 
 
+class InternalError(CocktailerError):
+    """cocktailer itself failed on a program (a bug in cocktailer): the message names the
+    user's line it was working on and the compiler's own error."""
+
+    def __init__(self, error: BaseException, loc: SourceLoc | None = None):
+        self.loc = loc
+        where = f"{loc.filename}:{loc.lineno}: " if loc is not None else ""
+        super().__init__(f"{where}cocktailer failed on this program: {type(error).__name__}: {error}\n"
+                         "  This is a bug in cocktailer; please report it with the program. Until it is fixed, "
+                         "backend='reference' or running the model eagerly avoids it.")
+
+
+def innermost_user_frame(tb) -> SourceLoc | None:
+    """The last frame of a traceback that is the user's code."""
+    loc = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_user_file(code.co_filename):
+            loc = SourceLoc(code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return loc
+
+
+def raised_by_user_code(tb) -> bool:
+    """Whether the innermost frame of a traceback is not cocktailer's own (the user's code,
+    or what it called: torch, the standard library)."""
+    last = None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    if last is None:
+        return False
+    filename = last.tb_frame.f_code.co_filename
+    return is_user_file(filename) or not os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep)
+
+
 class CompiledCallError(CocktailerError):
     """A compiled program was called with inputs it cannot run on (shape, dtype, device,
     an index out of range, a recursion deeper than allowed)."""

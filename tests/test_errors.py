@@ -167,3 +167,28 @@ def test_inputs_on_several_devices():
     meta = torch.empty(2, device="meta")
     with pytest.raises(UnsupportedError, match="several devices"):
         cocktailer.capture(lambda a, b: a + b, (torch.ones(2), meta))
+
+
+def fails_on_the_path_not_taken(x):
+    if x.sum() > 0:
+        return x + 1
+    return x + name_that_does_not_exist   # noqa: F821 (eager never gets here for positive inputs)
+
+
+def test_user_code_failing_on_a_traced_path_is_an_error_at_its_line():
+    err = _capture_error(fails_on_the_path_not_taken, torch.ones(3))
+    assert "NameError" in str(err) and err.loc.lineno == _line_of(fails_on_the_path_not_taken, "name_that_does_not")
+
+
+def test_a_failure_of_cocktailer_itself_says_so_at_the_users_line(monkeypatch):
+    from cocktailer.frontend import lowering
+
+    def broken(L, x, *args, **kwargs):   # fails inside cocktailer's own code (a KeyError in the tracer)
+        return L.t.const_tensor(object())
+    monkeypatch.setitem(lowering._BY_NAME, "tanh", broken)
+
+    def f(x):
+        return torch.tanh(x) * 2
+    with pytest.raises(cocktailer.InternalError, match="bug in cocktailer") as info:
+        cocktailer.capture(f, (torch.ones(2),))
+    assert THIS_FILE in str(info.value) and "KeyError" in str(info.value)

@@ -108,7 +108,8 @@ def assert_matches_eager(
     with the first input set as example inputs, then call the compiled object on every input
     set (same or different shapes: different values exercise other branches and trip counts,
     different shapes exercise re-specialization) and compare with the eager call under
-    torch.no_grad(). Returns the first backend's compiled object."""
+    torch.no_grad(): the results, and the arguments after the call (what the program wrote
+    into them). Returns the first backend's compiled object."""
     input_sets = [tuple(s) if isinstance(s, (tuple, list)) else (s,) for s in input_sets]
     assert input_sets, "need at least one input set"
     if isinstance(model_or_fn, torch.nn.Module):
@@ -118,11 +119,14 @@ def assert_matches_eager(
         fast = cocktailer.compile(model_or_fn, example_inputs=_clone(input_sets[0]), backend=name)
         tol = (rtol, atol) if name == "reference" else (max(rtol, NATIVE_RTOL), max(atol, NATIVE_ATOL))
         for k, inputs in enumerate(input_sets):
+            eager_inputs, compiled_inputs = _clone(inputs), _clone(inputs)
             with torch.no_grad():
-                expected = model_or_fn(*_clone(inputs))
-                actual = fast(*_clone(inputs))
+                expected = model_or_fn(*eager_inputs)
+                actual = fast(*compiled_inputs)
                 repeats = [fast(*_clone(inputs)) for _ in range(NATIVE_REPEATS if name != "reference" else 0)]
             assert_same(actual, expected, *tol, path=f"[{name}] input set {k}: out")
+            # in-place writes into the arguments are part of the answer
+            assert_same(compiled_inputs, eager_inputs, *tol, path=f"[{name}] input set {k}: inputs after the call")
             for r in repeats:
                 assert_same(r, actual, 0, 0, path=f"[{name}] input set {k}, repeated call: out")
         compiled.append(fast)

@@ -6,7 +6,6 @@ knowledge (the hints), until it goes through.
 """
 from __future__ import annotations
 
-import sys
 import types
 from typing import Any, Callable
 
@@ -14,12 +13,17 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from cocktailer import pytree
-from cocktailer.errors import UnsupportedError, is_user_file
+from cocktailer.errors import (CocktailerError, InternalError, UnsupportedError, innermost_user_frame,
+                               is_user_file, raised_by_user_code)
 from cocktailer.frontend import context
 from cocktailer.frontend.convert import convert
 from cocktailer.frontend.lowering import lower_call
-from cocktailer.frontend.tracer import Proxy, Region, RegionInfo, Restart, Tracer, is_proxy
-from cocktailer.ir import Function, Op, Program, TensorType
+from cocktailer.frontend.alias import Storage
+from cocktailer.frontend.merge import Plan, Side, make_plan, side_values
+from cocktailer.frontend.recursion import Summary, build_function, emit_call
+from cocktailer.frontend.tracer import Proxy, Region, RegionInfo, Restart, Tracer, is_proxy, meta_like
+from cocktailer.ir import Function, Op, Program, TensorType, Value
+from cocktailer.ir.boundary import Boundary, Slot as BoundarySlot, View
 
 MAX_RESTARTS = 256
 MAX_INLINE_DEPTH = 64
@@ -41,7 +45,6 @@ class Capture:
         self.tracer = tracer
         self.returns_by_code = returns_by_code     # recursive functions' result types, seen eagerly
         self.inline_stack: list[tuple] = []
-        self.results: dict[tuple, tuple] = {}      # function key -> (result spec, result types)
         self.names: dict[tuple, str] = {}
 
     # -- calls from converted code ---------------------------------------------------------
@@ -76,39 +79,18 @@ class Capture:
         """A recursive function becomes an IR function, built on first use, and a CALL."""
         t = self.tracer
         leaves, spec = pytree.flatten((args, kwargs))
-        tensor_positions = [i for i, x in enumerate(leaves) if is_proxy(x)]
+        positions = [i for i, x in enumerate(leaves) if is_proxy(x)]
+        summary = t.hints["summaries"].get(key)
+        if summary is None:
+            result_spec, types = self._expected_result(fn)
+            summary = t.hints["summaries"][key] = Summary.from_eager(
+                result_spec, types, tuple(TensorType.of(leaves[i]) for i in positions))
         if key not in self.names:
-            self.names[key] = _unique(fn.__name__, t.functions.values(), self.names.values())
-            self._build_function(key, fn, converted, leaves, spec, tensor_positions)
-        result_spec, result_types = self.results[key]
-        values = t.emit(Op.CALL, [t.value_of(leaves[i]) for i in tensor_positions], {"callee": self.names[key]},
-                        result_types=list(result_types))
-        return pytree.unflatten(result_spec, [t.wrap(v) for v in values])
-
-    def _build_function(self, key, fn, converted, leaves, spec, tensor_positions):
-        t = self.tracer
-        self.results[key] = self._expected_result(fn)
-        region = Region(params=[t.new_param(TensorType.of(leaves[i])) for i in tensor_positions])
-        loc = _definition_loc(fn)
-        with t.in_region(region, RegionInfo("function", loc), new_function=True) as log:
-            inner = list(leaves)
-            for i, p in zip(tensor_positions, region.params):
-                inner[i] = t.wrap(p)
-            a, k = pytree.unflatten(spec, inner)
-            result = converted(*a, **k)
-            out, out_spec = pytree.flatten(result)
-            if not all(isinstance(x, torch.Tensor) for x in out):
-                raise UnsupportedError(f"recursive function `{fn.__qualname__}` returns Python values",
-                                       loc, hint="return tensors (or a tuple of tensors) only")
-            region.yields = [t.value_of(x) for x in out]
-            if log:
-                raise UnsupportedError(f"recursive function `{fn.__qualname__}` writes into a tensor it did not create",
-                                       loc, hint="return the new tensor instead of writing into an argument")
-        got = (out_spec, tuple(v.type for v in region.yields))
-        if got != self.results[key]:
-            raise UnsupportedError(f"recursive function `{fn.__qualname__}` returns {list(map(str, got[1]))} but "
-                                   f"returned {list(map(str, self.results[key][1]))} when run on the example inputs", loc)
-        t.functions[self.names[key]] = Function(self.names[key], region, loc)
+            name = self.names[key] = _unique(fn.__name__, t.functions.values(), self.names.values())
+            t.functions[name] = build_function(t, key, name, summary, converted, leaves, spec, positions,
+                                               _definition_loc(fn), fn.__qualname__)
+        results = emit_call(t, self.names[key], summary, [leaves[i] for i in positions], fn)
+        return pytree.unflatten(summary.spec, results)
 
     def _expected_result(self, fn) -> tuple:
         seen = self.returns_by_code.get(fn.__code__, set())
@@ -118,6 +100,29 @@ class Capture:
                                    "inputs, so the type of its recursive calls is unknown", _definition_loc(fn),
                                    hint="use example inputs that reach it, and return one shape and dtype")
         return next(iter(seen))
+
+
+class _Recorder:
+    """Runs the program eagerly through its converted code (plain Python on real tensors)
+    and notes what each user function returns: the result types of recursive functions,
+    needed before capture reaches their recursive calls. (No profiler hook: profilers,
+    debuggers and coverage tools keep theirs.)"""
+    eager = True
+
+    def __init__(self):
+        self.seen: dict[types.CodeType, set] = {}
+
+    def call(self, f, args: tuple, kwargs: dict):
+        target = _user_callable(f)
+        converted = convert(target[0]) if target is not None else None
+        if converted is None:
+            return f(*args, **kwargs)
+        fn, self_arg = target
+        result = converted(*((self_arg,) + args if self_arg is not None else args), **kwargs)
+        leaves, spec = pytree.flatten(result)
+        if leaves and all(isinstance(x, torch.Tensor) for x in leaves):
+            self.seen.setdefault(fn.__code__, set()).add((spec, tuple(TensorType.of(x) for x in leaves)))
+        return result
 
 
 def _user_callable(f) -> tuple[types.FunctionType, Any] | None:
@@ -173,22 +178,10 @@ def _definition_loc(fn):
 
 def _profile_returns(fn: Callable, args, kwargs) -> dict:
     """Run eagerly and record what each user function returns (types only)."""
-    seen: dict[types.CodeType, set] = {}
-
-    def profiler(frame, event, arg):
-        if event == "return" and is_user_file(frame.f_code.co_filename):
-            leaves, spec = pytree.flatten(arg)
-            if leaves and all(isinstance(x, torch.Tensor) for x in leaves):
-                seen.setdefault(frame.f_code, set()).add((spec, tuple(TensorType.of(x) for x in leaves)))
-
-    old = sys.getprofile()
-    sys.setprofile(profiler)
-    try:
-        with torch.no_grad():
-            fn(*args, **kwargs)
-    finally:
-        sys.setprofile(old)
-    return seen
+    recorder = _Recorder()
+    with context.active(recorder), torch.no_grad():
+        recorder.call(fn, args, kwargs)
+    return recorder.seen
 
 
 def _device_of(leaves) -> torch.device:
@@ -211,18 +204,40 @@ def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwa
     args, kwargs = tuple(example_inputs), dict(example_kwargs or {})
     leaves, _ = pytree.flatten((args, kwargs))
     device = _device_of(leaves)
-    hints: dict[str, set] = {"unroll": set(), "recursive": set()}
+    hints: dict[str, Any] = {"unroll": set(), "recursive": set(), "summaries": {}}
     returns: dict = {}
     for _ in range(MAX_RESTARTS):
         try:
             return _capture_once(model_or_function, args, kwargs, device, hints, returns)
+        except CocktailerError:
+            raise
+        except Exception as e:
+            users = getattr(e, "cocktailer_user_raise", False) or raised_by_user_code(e.__traceback__)
+            if users and not getattr(e, "cocktailer_traced_path", False):
+                raise   # the user's code failed where eager fails too: their own exception
+            raise _capture_error(e, users) from e
         except Restart as r:
+            if r.kind == "summary":    # a recursive function gives back more than assumed: its summary grew
+                continue
             if r.key in hints[r.kind]:
                 raise UnsupportedError(f"capture did not converge ({r.kind} {r.key})") from None
             hints[r.kind].add(r.key)
             if r.kind == "recursive" and not returns:
                 returns.update(_profile_returns(model_or_function, args, kwargs))
     raise UnsupportedError(f"capture restarted more than {MAX_RESTARTS} times (too many loops to unroll)")
+
+
+def _capture_error(e: Exception, users: bool) -> CocktailerError:
+    """An exception during capture, as an error at the user's line: the user's own code failing
+    on a path eager did not take for these inputs (capture runs both branches of a tensor
+    `if`), or cocktailer's (a bug)."""
+    loc = innermost_user_frame(e.__traceback__)
+    if users:
+        return UnsupportedError(f"while cocktailer traced it, this code raised {type(e).__name__}: {e}", loc,
+                                hint="capture runs both branches of a tensor `if` and every loop body: code that "
+                                     "fails on a path eager does not take for these inputs fails here; make it "
+                                     "valid on every path")
+    return InternalError(e, loc)
 
 
 def _capture_once(fn, args, kwargs, device, hints, returns) -> Program:
@@ -232,18 +247,72 @@ def _capture_once(fn, args, kwargs, device, hints, returns) -> Program:
     leaves, in_spec = pytree.flatten((args, kwargs))
     with context.active(Capture(tracer, returns)) as cap, \
             tracer.in_region(main.body, RegionInfo("function"), new_function=True), _CaptureMode(tracer):
-        tensor_positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-        tracer.set_params(main.body, [tracer.new_param(TensorType.of(leaves[i])) for i in tensor_positions])
+        tracer.start_main(main.body)
+        positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        tracer.set_params(main.body, [tracer.new_param(TensorType.of(leaves[i])) for i in positions])
         inner = list(leaves)
-        for i, param in zip(tensor_positions, main.body.params):
-            inner[i] = tracer.wrap(param)
+        for i, param in zip(positions, main.body.params):
+            inner[i] = tracer.fresh(param, meta_like(leaves[i].shape, leaves[i].stride(), leaves[i].dtype), "input")
         a, k = pytree.unflatten(in_spec, inner)
-        result = cap.call(fn, a, k)
-        out, out_spec = pytree.flatten(result)
-        main.body.yields = [tracer.value_of(x) for x in out if isinstance(x, torch.Tensor)]
-        # Inputs written in place: their final values are extra results, copied back after the call.
-        written = [n for n, i in enumerate(tensor_positions) if inner[i].value is not main.body.params[n]]
-        main.body.yields += [inner[tensor_positions[n]].value for n in written]
+        out, out_spec = pytree.flatten(cap.call(fn, a, k))
+        main.body.yields, boundary = _boundary(tracer, main.body, out, [inner[i].storage for i in positions])
+    tracer.check_written_constants()
+    _check_constants_in_functions(tracer)
     kinds = [(True, None) if isinstance(x, torch.Tensor) else (False, x) for x in out]
     return Program({"main": main, **tracer.functions}, "main", tracer.constants, device,
-                   input_spec=in_spec, output_spec=(out_spec, kinds), inputs_written=written)
+                   input_spec=in_spec, output_spec=(out_spec, kinds), boundary=boundary)
+
+
+def _boundary(t: Tracer, body: Region, out: list, inputs: list[Storage]) -> tuple[list[Value], Boundary]:
+    """The entry function's yields, and how they become the call's results and in-place
+    writes into the caller's tensors (see ir.boundary)."""
+    tensors = [t.as_proxy(x) for x in out if isinstance(x, torch.Tensor)]
+    side = Side(body, tensors)
+    position = {s: n for n, s in enumerate(inputs)}
+    is_outer = lambda s: s.origin == "const" or s in position
+    merged = list(range(len(tensors)))
+    plan, (resolved,) = make_plan([side], merged, [f"output {k}" for k in merged], is_outer)
+    yields = side_values(t, plan, side, resolved)
+    outer = lambda s: ("input", position[s]) if s in position else ("const", t.const_name(s))
+    boundary = _recipes(plan, outer)
+    for n, s in enumerate(inputs):
+        if s.value is not body.params[n]:
+            boundary.written.append(("input", n, len(yields)))
+            yields.append(t.storage_value(s))
+    for name in sorted(t.consts_written):
+        boundary.written.append(("const", name, len(yields)))
+        yields.append(t.storage_value(t.const_storage(t.constants[name])))
+    return yields, boundary
+
+
+def _recipes(plan: Plan, outer) -> Boundary:
+    """The plan's layout of values (see frontend.merge.side_values) as views to rebuild."""
+    slot_index = {key: k for k, key in enumerate(plan.slots)}
+    position = len(plan.slots) + len(plan.links)
+
+    def view(target, structure) -> View:
+        nonlocal position
+        steps = []
+        for op, attrs, n in structure:
+            steps.append((op.name, attrs, tuple(range(position, position + n))))
+            position += n
+        if target[0] == "slot":
+            return View("slot", slot_index[target[1]], tuple(steps))
+        return View(*outer(target[1]), tuple(steps))
+    alternatives = {key: [] for key in plan.slots}
+    for j, link in enumerate(plan.links.values()):
+        alternatives[link.slot].append((len(plan.slots) + j, view(link.target, link.structure)))
+    outputs = [View("slot", slot_index[("leaf", i)]) if leaf.kind == "slot" else view(leaf.target, leaf.structure)
+               for i, leaf in plan.leaves.items()]
+    slots = [BoundarySlot(k, tuple(alternatives[key])) for k, key in enumerate(plan.slots)]
+    return Boundary(slots, outputs)
+
+
+def _check_constants_in_functions(t: Tracer):
+    """A recursive function reads constants through CONST ops: the program must not write them."""
+    for fn in t.functions.values():
+        for op in fn.body.walk():
+            if op.op is Op.CONST and op.attrs["name"] in t.consts_written:
+                raise UnsupportedError(f"recursive function `{fn.name}` reads `{op.attrs['name']}`, which the "
+                                       "program writes in place", fn.loc,
+                                       hint="pass the tensor to the function as an argument, or write into a clone")

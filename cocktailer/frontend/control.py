@@ -7,15 +7,17 @@ module as the global `__ct__` (see convert.py).
 from __future__ import annotations
 
 import numbers
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import torch
 
 from cocktailer import pytree
 from cocktailer.errors import UnsupportedError
 from cocktailer.frontend import context
+from cocktailer.frontend.merge import Plan, Side, build, make_plan, on_side, resolve, side_values
 from cocktailer.frontend.tracer import Proxy, Region, RegionInfo, Restart, Tracer, Undefined, is_proxy
-from cocktailer.ir import BOOL, INDEX, Op, TensorType, Value
+from cocktailer.ir import INDEX, Op, TensorType, Value
 
 INTERNAL_PREFIX = "__ct_"
 RETURN_VALUE = "__ct_retval"
@@ -26,9 +28,15 @@ def undefined(name: str) -> Undefined:
     return Undefined(name)
 
 
-def final_return(value):
-    """The function fell off its end on some path: Python returns None there."""
-    return None if isinstance(value, Undefined) else value
+def final_return(value, returned=True):
+    """The function's result. `returned` is whether a return statement ran (True where the
+    function cannot fall off its end): where it did not, Python returns None."""
+    if isinstance(value, Undefined) or returned is False:
+        return None
+    if is_proxy(returned) and value is not None:
+        raise UnsupportedError("the function returns a value on some paths and falls off its end (returning None) "
+                               "on others, depending on a tensor", hint="end the function with a return statement")
+    return value
 
 
 # -- conditions and boolean operators --------------------------------------------------------
@@ -47,7 +55,7 @@ def condition_value(t: Tracer, test) -> Value:
 
 
 def _truth(t: Tracer, x) -> Proxy:
-    return t.wrap(condition_value(t, x))
+    return t.fresh(condition_value(t, x))
 
 
 def and_(a, b_thunk: Callable):
@@ -57,7 +65,7 @@ def and_(a, b_thunk: Callable):
     b = b_thunk()
     if not is_proxy(b):
         return _truth(t, a) if b else False
-    return t.wrap(t.emit1(Op.AND, [condition_value(t, a), condition_value(t, b)]))
+    return t.fresh(t.emit1(Op.AND, [condition_value(t, a), condition_value(t, b)]))
 
 
 def or_(a, b_thunk: Callable):
@@ -67,14 +75,14 @@ def or_(a, b_thunk: Callable):
     b = b_thunk()
     if not is_proxy(b):
         return True if b else _truth(t, a)
-    return t.wrap(t.emit1(Op.OR, [condition_value(t, a), condition_value(t, b)]))
+    return t.fresh(t.emit1(Op.OR, [condition_value(t, a), condition_value(t, b)]))
 
 
 def not_(a):
     if not is_proxy(a):
         return not a
     t = context.tracer()
-    return t.wrap(t.emit1(Op.NOT, [condition_value(t, a)]))
+    return t.fresh(t.emit1(Op.NOT, [condition_value(t, a)]))
 
 
 def ifexp(test, then_thunk: Callable, else_thunk: Callable):
@@ -85,10 +93,12 @@ def ifexp(test, then_thunk: Callable, else_thunk: Callable):
 
 
 def raise_(exc):
-    if len(context.tracer().chain) > 1:
+    if not getattr(context.current(), "eager", False) and len(context.tracer().chain) > 1:
         raise UnsupportedError("`raise` inside tensor-dependent control flow (both sides of a tensor `if` are "
                                "traced, so the raise would always happen)",
                                hint="check the condition on Python values, or remove the raise")
+    if isinstance(exc, BaseException):
+        exc.cocktailer_user_raise = True   # the user's own `raise`, though this frame is cocktailer's
     raise exc
 
 
@@ -98,103 +108,7 @@ def assert_(test, msg=None):
     assert test, msg
 
 
-# -- if ------------------------------------------------------------------------------------
-
-def _update_originals(before: tuple, after: tuple, names: Sequence[str], in_place: Sequence[str]) -> tuple:
-    """Variables the construct only wrote through (`buf[i] = v`) stay the same objects, now
-    holding the new contents, so that every alias of them (a caller's tensor, an input) sees
-    the writes as it would in Python."""
-    if not in_place:
-        return after
-    t = context.tracer()
-    out = list(after)
-    for k, name in enumerate(names):
-        old, new = before[k], after[k]
-        if name not in in_place or old is new:
-            continue
-        if isinstance(old, Proxy) and isinstance(new, torch.Tensor):
-            t.rebind(old, t.value_of(new))
-        elif isinstance(old, list) and isinstance(new, list):
-            old[:] = new
-        elif isinstance(old, dict) and isinstance(new, dict):
-            old.clear()
-            old.update(new)
-        else:
-            continue
-        out[k] = old
-    return tuple(out)
-
-
-def if_stmt(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Sequence[str], loc, in_place=()):
-    if not is_proxy(test):
-        return then_fn(*state) if test else else_fn(*state)
-    return _update_originals(state, _trace_if(test, then_fn, else_fn, state, names, loc), names, in_place)
-
-
-def _trace_if(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Sequence[str], loc):
-    t = context.tracer()
-    cond = condition_value(t, test)
-    branches = []
-    for fn, kind in ((then_fn, "then"), (else_fn, "else")):
-        region = Region()
-        with t.in_region(region, RegionInfo(kind, context.loc(loc))) as log:
-            out = fn(*_fresh_containers(state))   # a branch that does `h[i] = v` must not change the other's `h`
-        written = t.outer_mutations(log, region)
-        branches.append((region, out, {p: p.value for p in written}))
-        for p, old in written.items():
-            p.value = old     # the other branch starts from the same state
-    (then_r, then_out, then_w), (else_r, else_out, else_w) = branches
-    merged, yields = [], ([], [])
-    for name, a, b in zip(names, then_out, else_out):
-        merged.append(_merge_branch_values(t, name, a, b, then_r, else_r, yields))
-    written = list(dict.fromkeys(list(then_w) + list(else_w)))
-    for p in written:
-        yields[0].append(then_w.get(p, p.value))
-        yields[1].append(else_w.get(p, p.value))
-    then_r.yields, else_r.yields = yields
-    results = t.emit(Op.IF, [cond], result_types=[v.type for v in yields[0]], regions=[then_r, else_r],
-                     loc=context.loc(loc))
-    results = iter(results)
-    out = tuple(pytree.unflatten(spec, [leaf if leaf is not _OUTPUT else t.wrap(next(results)) for leaf in leaves])
-                for spec, leaves in merged)
-    for p in written:
-        t.rebind(p, next(results))
-    return out
-
-
-_OUTPUT = object()   # placeholder for a leaf that becomes an IF result
-
-
-def _fresh_containers(state: tuple) -> tuple:
-    leaves, spec = pytree.flatten(state)
-    return pytree.unflatten(spec, leaves)
-
-
-def _merge_branch_values(t, name, a, b, then_r, else_r, yields):
-    if isinstance(a, Undefined) != isinstance(b, Undefined):
-        if not name.startswith(RETURN_VALUE):
-            return pytree.LEAF, [Undefined(name)]
-        # the path that has not returned yet: fill with zeros of the returned structure
-        a, b = (pytree.tree_map(lambda _: a, b), b) if isinstance(a, Undefined) else (a, pytree.tree_map(lambda _: b, a))
-    a_leaves, a_spec = pytree.flatten(a)
-    b_leaves, b_spec = pytree.flatten(b)
-    if a_spec != b_spec:
-        raise UnsupportedError(f"variable `{name}` has a different structure in the two branches of a tensor `if`")
-    leaves = []
-    for x, y in zip(a_leaves, b_leaves):
-        if _same_python(x, y):
-            leaves.append(x)
-            continue
-        if isinstance(x, Undefined) or isinstance(y, Undefined):
-            if not name.startswith(RETURN_VALUE) or (isinstance(x, Undefined) and isinstance(y, Undefined)):
-                leaves.append(Undefined(name))
-                continue
-        kind = _promoted_type(name, x, y)
-        yields[0].append(_as_value(t, x, kind, then_r))
-        yields[1].append(_as_value(t, y, kind, else_r))
-        leaves.append(_OUTPUT)
-    return a_spec, leaves
-
+# -- merging the variables of several paths ------------------------------------------------------
 
 def _same_python(x, y) -> bool:
     if x is y:
@@ -207,39 +121,129 @@ def _same_python(x, y) -> bool:
         return False
 
 
-def _promoted_type(name, *xs) -> TensorType:
-    """The tensor type a variable takes when its values differ between paths."""
-    tensors = [x for x in xs if isinstance(x, torch.Tensor)]
-    if tensors:
-        types = {TensorType.of(x) for x in tensors}
-        if len(types) > 1:
-            raise UnsupportedError(f"variable `{name}` is {' in one path and '.join(map(str, types))} in the other "
-                                   "(a tensor-dependent `if` or loop must give it one shape and dtype)")
-        (ty,) = types
-        if any(isinstance(x, numbers.Number) for x in xs) and ty.shape != ():
-            raise UnsupportedError(f"variable `{name}` is a Python number on one path and a {ty} tensor on another")
-        return ty
-    if all(isinstance(x, (numbers.Number, Undefined)) for x in xs):
-        numbers_ = [x for x in xs if isinstance(x, numbers.Number)]
-        if all(isinstance(x, bool) for x in numbers_):
-            return BOOL
-        if all(isinstance(x, int) for x in numbers_):
-            return INDEX
-        return TensorType((), torch.get_default_dtype())
-    kinds = " and ".join(sorted({type(x).__name__ for x in xs}))
-    raise UnsupportedError(f"variable `{name}` holds different Python objects ({kinds}) depending on a tensor "
-                           "condition; only tensors and numbers can differ between paths",
-                           hint="decide with Python values, or make both paths assign tensors")
+def _update_originals(before: tuple, after: tuple, names: Sequence[str], in_place: Sequence[str]) -> tuple:
+    """Python lists and dicts the construct only wrote through (`lst[i] = v`) stay the same
+    objects, now holding the new contents, so that every alias of them sees the writes as
+    in Python. (Tensors need nothing: a write goes to their storage, which every alias shares.)"""
+    if not in_place:
+        return after
+    out = list(after)
+    for k, name in enumerate(names):
+        old, new = before[k], after[k]
+        if name not in in_place or old is new:
+            continue
+        if isinstance(old, list) and isinstance(new, list):
+            old[:] = new
+        elif isinstance(old, dict) and isinstance(new, dict):
+            old.clear()
+            old.update(new)
+        else:
+            continue
+        out[k] = old
+    return tuple(out)
 
 
-def _as_value(t: Tracer, x, ty: TensorType, region: Region) -> Value:
-    """x as a value of type ty, materialized (if needed) at the end of `region`."""
-    with t.reopen(region):
-        if isinstance(x, Undefined):
-            return t.emit1(Op.FULL, [], shape=ty.shape, value=0, dtype=ty.dtype)
-        if isinstance(x, numbers.Number):
-            return t.scalar(x, ty.dtype)
-        return t.value_of(x)
+@dataclass
+class _Aligned:
+    """The variables of several paths, flattened side by side: the leaves that differ
+    between paths (`leaves[side]`, named by `names`) and how to rebuild each variable."""
+    parts: list = field(default_factory=list)     # per variable: (spec, [(kind, fixed value | leaf | name)])
+    names: list = field(default_factory=list)
+    leaves: list = field(default_factory=list)
+
+    def rebuild(self, merged: dict) -> tuple:
+        def leaf(kind, v):
+            return v if kind == "fixed" else merged[v] if kind == "merged" else Undefined(v)
+        return tuple(pytree.unflatten(spec, [leaf(kind, v) for kind, v in entries]) for spec, entries in self.parts)
+
+
+def _align_branches(names: Sequence[str], outs: list[tuple]) -> _Aligned:
+    aligned = _Aligned(leaves=[[] for _ in outs])
+    for k, name in enumerate(names):
+        values = [out[k] for out in outs]
+        undefined = [isinstance(v, Undefined) for v in values]
+        if any(undefined) and not all(undefined):
+            if not name.startswith(RETURN_VALUE):
+                aligned.parts.append((pytree.LEAF, [("undefined", name)]))
+                continue
+            if all(v is None for v in values if not isinstance(v, Undefined)):   # a bare `return`: None
+                aligned.parts.append((pytree.LEAF, [("fixed", None)]))
+                continue
+            # the path that has not returned yet holds filler of the returned structure
+            shape = next(v for v in values if not isinstance(v, Undefined))
+            values = [pytree.tree_map(lambda _, u=v: u, shape) if isinstance(v, Undefined) else v for v in values]
+        flat = [pytree.flatten(v) for v in values]
+        if any(spec != flat[0][1] for _, spec in flat):
+            raise UnsupportedError(f"variable `{name}` has a different structure in the two branches of a tensor `if`")
+        entries = []
+        for xs in zip(*(leaves for leaves, _ in flat)):
+            if all(_same_python(xs[0], x) for x in xs[1:]):
+                entries.append(("fixed", xs[0]))
+            elif any(isinstance(x, Undefined) for x in xs) and \
+                    (not name.startswith(RETURN_VALUE) or all(isinstance(x, Undefined) for x in xs)):
+                entries.append(("undefined", name))
+            else:
+                entries.append(("merged", len(aligned.names)))
+                aligned.names.append(name)
+                for side, x in zip(aligned.leaves, xs):
+                    side.append(x)
+        aligned.parts.append((flat[0][1], entries))
+    return aligned
+
+
+def _side(t: Tracer, region: Region | None, leaves: list, state: dict | None = None) -> Side:
+    """A path's end for the merge planner: a parameter or global tensor a variable holds is
+    the storage of that constant (it may be written through the variable)."""
+    return Side(region, [t.as_proxy(x) if isinstance(x, torch.Tensor) else x for x in leaves], state)
+
+
+def _outside(t: Tracer, *regions: Region):
+    """Whether a storage existed before these regions (what their paths merge against)."""
+    inside = {id(r) for region in regions for r in t.regions_within(region)}
+    return lambda s: s.region is None or id(s.region) not in inside
+
+
+# -- if ------------------------------------------------------------------------------------
+
+def if_stmt(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Sequence[str], loc, in_place=()):
+    if not is_proxy(test):
+        return then_fn(*state) if test else else_fn(*state)
+    return _update_originals(state, _trace_if(test, then_fn, else_fn, state, names, loc), names, in_place)
+
+
+def _trace_if(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Sequence[str], loc):
+    t = context.tracer()
+    cond = condition_value(t, test)
+    regions, outs, ends, written = [], [], [], {}
+    for fn, kind in ((then_fn, "then"), (else_fn, "else")):
+        region = Region()
+        with t.in_region(region, RegionInfo(kind, context.loc(loc))) as log:
+            outs.append(fn(*_fresh_containers(state)))   # a branch that does `lst[i] = v` must not change the other's list
+        writes = t.outer_writes(log, region)
+        regions.append(region)
+        ends.append(t.state_of(writes))
+        t.set_state(writes)      # the other branch starts from the same state
+        written.update(dict.fromkeys(writes))
+    aligned = _align_branches(names, outs)
+    sides = [_side(t, region, leaves, end) for region, leaves, end in zip(regions, aligned.leaves, ends)]
+    merged = list(range(len(aligned.names)))
+    plan, resolved = make_plan(sides, merged, aligned.names, _outside(t, *regions))
+    for side, r in zip(sides, resolved):
+        values = side_values(t, plan, side, r)
+        with on_side(t, side):
+            values += [t.storage_value(s) for s in written]
+        side.region.yields = values
+    results = t.emit(Op.IF, [cond], result_types=[v.type for v in regions[0].yields], regions=regions,
+                     loc=context.loc(loc))
+    n = len(results) - len(written)
+    for s, value in zip(written, results[n:]):
+        t.assign(s, value, propagate=False)   # each branch wrote the memory it shares already
+    return aligned.rebuild(build(t, plan, results[:n]))
+
+
+def _fresh_containers(state: tuple) -> tuple:
+    leaves, spec = pytree.flatten(state)
+    return pytree.unflatten(spec, leaves)
 
 
 # -- loops ---------------------------------------------------------------------------------
@@ -259,11 +263,12 @@ def range_(*args):
     return range(*args)
 
 
-def while_stmt(cond_fn: Callable, body_fn: Callable, state: tuple, names: Sequence[str], key, in_place=()):
+def while_stmt(cond_fn: Callable, body_fn: Callable, state: tuple, names: Sequence[str], key, in_place=(),
+               rebound=()):
     for _ in range(MAX_PYTHON_WHILE_ITERATIONS):
         test = cond_fn(*state)
         if is_proxy(test):
-            out = _trace_loop(lambda i, *s: body_fn(*s), cond_fn, state, names, key, trip=None)
+            out = _trace_loop(lambda i, *s: body_fn(*s), cond_fn, state, names, key, None, rebound=rebound)
             return _update_originals(state, out, names, in_place)
         if not test:
             return state
@@ -273,12 +278,13 @@ def while_stmt(cond_fn: Callable, body_fn: Callable, state: tuple, names: Sequen
 
 
 def for_stmt(iterable, body_fn: Callable, cond_fn: Callable | None, state: tuple, names: Sequence[str], key,
-             in_place=()):
-    t = context.tracer()
-    if isinstance(iterable, (range, SymRange)) and key not in t.hints["unroll"]:
+             in_place=(), rebound=()):
+    eager = getattr(context.current(), "eager", False)   # running the program as plain Python
+    t = None if eager else context.tracer()
+    if not eager and isinstance(iterable, (range, SymRange)) and key not in t.hints["unroll"]:
         trip, to_var = _range_trip(t, iterable)
-        out = _trace_loop(lambda i, *s: body_fn(to_var(i), *s), cond_fn, state, names, key, trip=trip,
-                          static_trip=isinstance(iterable, range))
+        out = _trace_loop(lambda i, *s: body_fn(to_var(i), *s), cond_fn, state, names, key, trip,
+                          static_trip=isinstance(iterable, range), rebound=rebound)
         return _update_originals(state, out, names, in_place)
     if isinstance(iterable, SymRange):
         raise UnsupportedError("a loop over range(<tensor>) whose body needs Python values (it indexes a list "
@@ -319,7 +325,7 @@ def _range_trip(t: Tracer, r) -> tuple[Value, Callable]:
             value = t.emit1(Op.MUL, [value, t.scalar(step, torch.int64)])
         if not (isinstance(start, int) and start == 0):
             value = t.emit1(Op.ADD, [value, _index_value(t, start)])
-        return t.wrap(value)
+        return t.fresh(value)
     return trip, to_var
 
 
@@ -334,102 +340,128 @@ def _index_value(t: Tracer, v) -> Value:
     return value if value.type.dtype == torch.int64 else t.emit1(Op.CAST, [value], dtype=torch.int64)
 
 
-class _CarrySpec:
-    """Which leaves of a loop's state are loop-carried tensors (with their type); the rest
-    stay Python values fixed for the whole loop. Grows until the body agrees with it."""
-
-    def __init__(self, leaves: list):
-        self.types: dict[int, TensorType] = {i: TensorType.of(x) for i, x in enumerate(leaves)
-                                             if isinstance(x, torch.Tensor)}
-        self.written: list[Proxy] = []   # tensors from outside the loop that the body writes in place
+@dataclass
+class _LoopState:
+    """What a loop carries: the variables' layout at the head of the body (a merge plan
+    over what enters the loop and what an iteration leaves), and the storages from before
+    the loop that the body writes."""
+    leaves: list
+    spec: Any
+    names: list              # per leaf: the variable it belongs to
+    variables: list          # the state variables' names
+    head: Plan
+    written: list = field(default_factory=list)
 
 
 def _trace_loop(body_fn, cond_fn, state: tuple, names: Sequence[str], key, trip: Value | None,
-                static_trip: bool = False):
+                static_trip: bool = False, rebound=()):
     t = context.tracer()
+    info = lambda kind: RegionInfo(kind, context.loc(key), key, static_trip)
+    loop = _loop_state(t, state, names, rebound)
+    for _ in range(len(loop.leaves) + 64):
+        body = _trace_body(t, body_fn, loop, info("body"))
+        if body is not None:
+            break
+    else:
+        raise UnsupportedError("the loop's carried values did not settle", context.loc(key))
+    regions = [body] + ([_trace_cond(t, cond_fn, loop, info("cond"))] if cond_fn is not None else [])
+    init = _side(t, t.region, loop.leaves)
+    inits = side_values(t, loop.head, init, resolve(init, list(loop.head.leaves), 0, lambda s: True))
+    inits += [t.storage_value(s) for s in loop.written]
+    results = t.emit(Op.LOOP, ([trip] if trip is not None else []) + inits,
+                     {"has_trip": trip is not None, "has_cond": cond_fn is not None},
+                     result_types=[v.type for v in inits], regions=regions, loc=context.loc(key))
+    n = len(results) - len(loop.written)
+    for s, value in zip(loop.written, results[n:]):
+        t.assign(s, value, propagate=False)   # the body wrote the memory it shares already
+    out = list(loop.leaves)
+    for i, proxy in build(t, loop.head, results[:n]).items():
+        out[i] = proxy
+    return pytree.unflatten(loop.spec, out)
+
+
+def _loop_state(t: Tracer, state: tuple, names: Sequence[str], rebound) -> _LoopState:
     leaves, spec = pytree.flatten(tuple(state))
     leaf_names = [n for n, s in zip(names, state) for _ in range(pytree.flatten(s)[1].num_leaves)]
-    carry = _CarrySpec(leaves)
-    info = lambda kind: RegionInfo(kind, context.loc(key), key, static_trip)
-    for _ in range(len(leaves) + 64):
-        inits = [_as_value(t, leaves[i], ty, t.region) for i, ty in carry.types.items()]
-        inits += [t.value_of(p) for p in carry.written]
-        body, changed = _trace_body(t, body_fn, leaves, spec, leaf_names, carry, info("body"))
-        if changed:
-            continue
-        cond = _trace_cond(t, cond_fn, leaves, spec, carry, info("cond")) if cond_fn is not None else None
-        regions = [body] + ([cond] if cond is not None else [])
-        results = t.emit(Op.LOOP, ([trip] if trip is not None else []) + inits, {
-            "has_trip": trip is not None, "has_cond": cond is not None}, result_types=[v.type for v in inits],
-            regions=regions, loc=context.loc(key))
-        out = list(leaves)
-        for i, r in zip(carry.types, results):
-            out[i] = t.wrap(r)
-        for p, r in zip(carry.written, results[len(carry.types):]):
-            t.rebind(p, r)
-        return pytree.unflatten(spec, out)
-    raise UnsupportedError("the loop's carried values did not settle", context.loc(key))
+    # A guess of what the loop carries, so that most loops are traced once: tensors and
+    # numbers the body assigns to, and numbers it updates (`+=` on a tensor writes it in place).
+    guess = [i for i, (x, n) in enumerate(zip(leaves, leaf_names))
+             if (n in rebound and isinstance(x, (torch.Tensor, numbers.Number)))
+             or (n not in rebound and isinstance(x, numbers.Number) and not isinstance(x, bool))]
+    head, _ = make_plan([_side(t, None, leaves)], guess, leaf_names, lambda s: True, force_slots=guess)
+    return _LoopState(leaves, spec, leaf_names, list(names), head)
 
 
-def _bind_params(t: Tracer, region: Region, leaves, carry: _CarrySpec) -> list:
-    """Fresh parameters (index, carried..., written...) bound to the state the region sees."""
-    t.set_params(region, [Value(INDEX)] + [Value(ty) for ty in carry.types.values()] +
-                 [Value(p.value.type) for p in carry.written])
-    inner = list(leaves)
-    for i, v in zip(carry.types, region.params[1:]):
-        inner[i] = t.wrap(v)
-    for p, v in zip(carry.written, region.params[1 + len(carry.types):]):
-        p.value = v
-    return inner
+def _bind(t: Tracer, region: Region, loop: _LoopState) -> tuple[Proxy, list]:
+    """The region's parameters (index, what the head plan carries, the written storages)
+    and the variables as the region sees them."""
+    index = Value(INDEX)
+    params = [Value(ty) for ty in loop.head.value_types()]
+    written = [Value(s.type) for s in loop.written]
+    t.set_params(region, [index] + params + written)
+    t.set_state({s: (p, t.stamp()) for s, p in zip(loop.written, written)})
+    inner = list(loop.leaves)
+    for i, proxy in build(t, loop.head, params, region=region, origin="param").items():
+        inner[i] = proxy
+    return t.fresh(index, origin="param"), inner
 
 
-def _trace_body(t, body_fn, leaves, spec, leaf_names, carry, info) -> tuple[Region, bool]:
+def _trace_body(t: Tracer, body_fn, loop: _LoopState, info: RegionInfo) -> Region | None:
+    """The body traced with the loop's current layout, or None (and a wider layout in
+    `loop`) if an iteration leaves its variables in a layout the head does not have."""
     region = Region()
-    saved = [p.value for p in carry.written]
-    try:
-        with t.in_region(region, info) as log:
-            inner = _bind_params(t, region, leaves, carry)
-            out_leaves, out_spec = pytree.flatten(tuple(body_fn(t.wrap(region.params[0]), *pytree.unflatten(spec, inner))))
-            if out_spec != spec:
-                _cannot_carry(info, "a variable changes its Python structure (list length, tuple size) in the body")
-            changed = _widen(carry, leaves, out_leaves, leaf_names, info)
-            if not changed:
-                region.yields = [_as_value(t, out_leaves[i], ty, region) for i, ty in carry.types.items()]
-                region.yields += [p.value for p in carry.written]
-            written = t.outer_mutations(log, region)
-    finally:
-        for p, v in zip(carry.written, saved):
-            p.value = v
-    new_written = [p for p in written if p not in carry.written]
-    for p in new_written:
-        p.value = written[p]
-    if new_written:
-        carry.written += new_written
-        return region, True
-    return region, changed
+    saved = t.state_of(loop.written)
+    with t.in_region(region, info) as log:
+        try:
+            index, inner = _bind(t, region, loop)
+            out_leaves, out_spec = pytree.flatten(tuple(body_fn(index, *pytree.unflatten(loop.spec, inner))))
+            if out_spec != loop.spec:
+                _restructure(loop, out_leaves, out_spec, info)
+                return None
+            end = _side(t, region, out_leaves)
+            is_outer = _outside(t, region)
+            changed = [i for i in range(len(out_leaves)) if i in loop.head.leaves or
+                       (not isinstance(out_leaves[i], Undefined) and not _same_python(loop.leaves[i], out_leaves[i]))]
+            _check_carried(loop, out_leaves, changed, info)
+            plan, _ = make_plan([_side(t, None, loop.leaves), end], changed, loop.names, is_outer)
+            new_written = [s for s in t.outer_writes(log, region) if s not in loop.written]
+            # a tensor the body only updates in place is the same tensor after the loop: not carried
+            unchanged = loop.head.droppable(i for i in loop.head.leaves if out_leaves[i] is inner[i] and
+                                            isinstance(loop.leaves[i], torch.Tensor))
+            if not new_written and not unchanged and loop.head.covers(plan):
+                region.yields = side_values(t, loop.head, end, resolve(end, list(loop.head.leaves), 1, is_outer))
+                region.yields += [t.storage_value(s) for s in loop.written]
+                return region
+        finally:   # what the body wrote is undone: the loop's results stand for it afterwards
+            t.set_state(t.outer_writes(log, region))
+            t.set_state(saved)
+    loop.head = loop.head.union(plan).without(unchanged)
+    loop.written += new_written
+    return None
 
 
-def _widen(carry: _CarrySpec, leaves, out_leaves, leaf_names, info) -> bool:
-    """Make carried every leaf whose value the body changes; True if the spec grew."""
-    changed = False
-    for i, (x, y) in enumerate(zip(leaves, out_leaves)):
-        if i in carry.types:
-            if isinstance(y, torch.Tensor) and TensorType.of(y) != carry.types[i]:
-                raise UnsupportedError(f"loop-carried variable `{leaf_names[i]}` changes from {carry.types[i]} to "
-                                       f"{TensorType.of(y)} in the loop body", info.loc,
-                                       hint="keep its shape and dtype the same in every iteration")
-            if not isinstance(y, (torch.Tensor, numbers.Number)):
-                _cannot_carry(info, f"variable `{leaf_names[i]}` becomes a {type(y).__name__} in the body")
-            continue
-        if _same_python(x, y) or isinstance(y, Undefined):
-            continue
-        if not isinstance(y, (torch.Tensor, numbers.Number)) or not isinstance(x, (torch.Tensor, numbers.Number, Undefined)):
-            _cannot_carry(info, f"variable `{leaf_names[i]}` holds a Python {type(y).__name__} that changes in the body")
-        carry.types[i] = _promoted_type(leaf_names[i], y) if isinstance(y, torch.Tensor) else _promoted_type(leaf_names[i], x, y)
-        changed = True
-    if changed:   # keep carried leaves in state order
-        carry.types = dict(sorted(carry.types.items()))
-    return changed
+def _restructure(loop: _LoopState, out_leaves: list, out_spec, info: RegionInfo):
+    """A variable unassigned before the loop takes a structure in the body (a tuple
+    `return` inside a loop): it enters the loop as that structure of unassigned leaves."""
+    before = pytree.unflatten(loop.spec, loop.leaves)
+    after = pytree.unflatten(out_spec, out_leaves)
+    for name, b, a in zip(loop.variables, before, after):
+        if not isinstance(b, Undefined) and pytree.flatten(b)[1] != pytree.flatten(a)[1]:
+            _cannot_carry(info, f"variable `{name}` changes its Python structure (list length, tuple size) in the body")
+    state = tuple(pytree.tree_map(lambda _, u=b: Undefined(u.name), a) if isinstance(b, Undefined) else b
+                  for b, a in zip(before, after))
+    names = [n for n, s in zip(loop.variables, state) for _ in range(pytree.flatten(s)[1].num_leaves)]
+    loop.leaves, loop.spec = pytree.flatten(state)
+    loop.names = names
+    loop.head = Plan()
+
+
+def _check_carried(loop: _LoopState, out_leaves: list, changed: list[int], info: RegionInfo):
+    for i in changed:
+        x, y = loop.leaves[i], out_leaves[i]
+        if not isinstance(y, (torch.Tensor, numbers.Number, Undefined)) or \
+                not isinstance(x, (torch.Tensor, numbers.Number, Undefined)):
+            _cannot_carry(info, f"variable `{loop.names[i]}` holds a Python {type(y).__name__} that changes in the body")
 
 
 def _cannot_carry(info: RegionInfo, why: str):
@@ -439,19 +471,20 @@ def _cannot_carry(info: RegionInfo, why: str):
                            hint="carry only tensors and numbers across iterations")
 
 
-def _trace_cond(t, cond_fn, leaves, spec, carry, info) -> Region:
+def _trace_cond(t: Tracer, cond_fn, loop: _LoopState, info: RegionInfo) -> Region:
     region = Region()
-    saved = [p.value for p in carry.written]
-    try:
-        with t.in_region(region, info) as log:
-            inner = _bind_params(t, region, leaves, carry)
-            test = cond_fn(*pytree.unflatten(spec, inner))
+    saved = t.state_of(loop.written)
+    with t.in_region(region, info) as log:
+        try:
+            _, inner = _bind(t, region, loop)
+            test = cond_fn(*pytree.unflatten(loop.spec, inner))
             region.yields = [condition_value(t, test) if is_proxy(test) else t.scalar(bool(test), torch.bool)]
-            if t.outer_mutations(log, region):
-                raise UnsupportedError("a loop condition that writes tensors in place", info.loc)
-    finally:
-        for p, v in zip(carry.written, saved):
-            p.value = v
+            if any(s.origin == "param" for s in log) or t.outer_writes(log, region):
+                raise UnsupportedError("a loop condition that writes tensors in place", info.loc,
+                                       hint="do the write in the loop body")
+        finally:
+            t.set_state(t.outer_writes(log, region))
+            t.set_state(saved)
     return region
 
 
@@ -483,7 +516,10 @@ def _cast_builtin(f, x: Proxy):
         value = t.emit1(Op.WHERE, [t.emit1(Op.LT, [value, t.scalar(0, value.type.dtype)]),
                                    t.emit1(Op.CEIL, [value]), t.emit1(Op.FLOOR, [value])])
     dtype = _BUILTIN_CASTS[f]
-    return t.wrap(value if value.type.dtype == dtype else t.emit1(Op.CAST, [value], dtype=dtype))
+    if f is float and value.type.dtype.is_floating_point:
+        dtype = value.type.dtype   # a Python float keeps a double's precision; beside tensors it counts as
+                                   # a number, not a tensor, as a 0-d tensor does
+    return t.fresh(value if value.type.dtype == dtype else t.emit1(Op.CAST, [value], dtype=dtype))
 
 
 def _as_tensors(args):

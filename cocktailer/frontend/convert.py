@@ -136,9 +136,45 @@ def _stores(nodes) -> set[str]:
     return out
 
 
+# Methods that change the object they are called on (Python's containers).
+_MUTATING = {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "add", "discard",
+             "popitem", "appendleft", "extendleft", "popleft", "sort", "reverse"}
+
+
+def _mutated(nodes) -> set[str]:
+    """Names whose object a method call changes (`outs.append(h)`): a loop or branch must
+    carry them too, so that a list growing in a tensor loop is noticed (and refused)."""
+    out = set()
+    for node in nodes:
+        for n in itertools.chain([node], _walk_scope(node)):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _MUTATING \
+                    and isinstance(n.func.value, ast.Name):
+                out.add(n.func.value.id)
+    return out
+
+
+def _rebound(nodes) -> list[str]:
+    """Names assigned a new object (not `x += v`, which updates a tensor in place)."""
+    out = set()
+    for node in nodes:
+        for n in itertools.chain([node], _walk_scope(node)):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                out.add(n.id)
+        for n in itertools.chain([node], _walk_scope(node)):
+            if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name) and \
+                    not _assigned_elsewhere(nodes, n.target):
+                out.discard(n.target.id)
+    return sorted(out)
+
+
+def _assigned_elsewhere(nodes, target: ast.Name) -> bool:
+    return any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.id == target.id and n is not target
+               for node in nodes for n in itertools.chain([node], _walk_scope(node)))
+
+
 def _updated_in_place(nodes) -> list[str]:
-    """Names only written through (`h[i] = v`), never rebound: after the construct they must
-    still be the same object, updated, so that aliases of it see the writes."""
+    """Names only written through (`h[i] = v`, `lst.append(v)`), never rebound: after the
+    construct they must still be the same object, updated, so that aliases of it see the writes."""
     rebound, written = set(), set()
     for node in nodes:
         for n in itertools.chain([node], _walk_scope(node)):
@@ -146,7 +182,7 @@ def _updated_in_place(nodes) -> list[str]:
                 rebound.add(n.id)
             elif isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name):
                 written.add(n.value.id)
-    return sorted(written - rebound)
+    return sorted((written | _mutated(nodes)) - rebound)
 
 
 def _loads(node) -> set[str]:
@@ -184,6 +220,20 @@ def _stmt_uses_kills(s: ast.stmt) -> tuple[set[str], set[str]]:
     return _loads(s), _stores([s])
 
 
+def _always_returns(stmts: list[ast.stmt]) -> bool:
+    """Whether every path through `stmts` ends in a `return` (or a `raise`)."""
+    if not stmts:
+        return False
+    last = stmts[-1]
+    if isinstance(last, (ast.Return, ast.Raise)):
+        return True
+    if isinstance(last, ast.If):
+        return _always_returns(last.body) and _always_returns(last.orelse)
+    if isinstance(last, ast.With):
+        return _always_returns(last.body)
+    return False
+
+
 # -- pass 1: return / break / continue become flags -----------------------------------------------
 
 class _Jumps:
@@ -198,8 +248,10 @@ class _Jumps:
         if not nested_return:
             return self.block(fdef.body, None)
         body = [_assign(RET, _call(_ct("undefined"), _const("return value"))), _assign(RET_SET, _const(False))]
+        falls_off = not _always_returns(fdef.body)
         body += self.block(fdef.body, None)
-        return body + [ast.Return(_call(_ct("final_return"), _load(RET)))]
+        returned = _load(RET_SET) if falls_off else _const(True)
+        return body + [ast.Return(_call(_ct("final_return"), _load(RET), returned))]
 
     def block(self, stmts: list[ast.stmt], loop) -> list[ast.stmt]:
         out = []
@@ -277,9 +329,14 @@ class _Jumps:
 # -- pass 2: control flow becomes functions and __ct__ calls -------------------------------------
 
 class _Functionalize:
-    def __init__(self, src: _Source):
+    def __init__(self, src: _Source, local_names: set[str]):
         self.src = src
         self.ids = itertools.count()
+        self.local_names = local_names   # the function's own variables (parameters included)
+
+    def _changed(self, nodes) -> set[str]:
+        """What a construct changes: names it assigns, and local containers it mutates."""
+        return _stores(nodes) | (_mutated(nodes) & self.local_names)
 
     def block(self, stmts: list[ast.stmt], live_out: set[str]) -> list[ast.stmt]:
         lives, live = [], set(live_out)
@@ -313,7 +370,7 @@ class _Functionalize:
     def if_(self, s: ast.If, live_out: set[str]) -> list[ast.stmt]:
         n = next(self.ids)
         needed = live_out | _uses_kills(s.body)[0] | _uses_kills(s.orelse)[0]
-        state = self._state(_stores(s.body + s.orelse), needed)
+        state = self._state(self._changed(s.body + s.orelse), needed)
         ret = ast.Return(_tuple(state, ast.Load))
         then_fn = _def(f"{P}then_{n}", state, self.block(s.body, set(state)) + [ret])
         else_fn = _def(f"{P}else_{n}", state, self.block(s.orelse, set(state)) + [ret])
@@ -324,12 +381,13 @@ class _Functionalize:
     def while_(self, s: ast.While, live_out: set[str]) -> list[ast.stmt]:
         n = next(self.ids)
         needed = live_out | _uses_kills(s.body)[0] | _loads(s.test)
-        state = self._state(_stores(s.body), needed)
+        state = self._state(self._changed(s.body), needed)
         cond_fn = _def(f"{P}cond_{n}", state, [ast.Return(s.test)])
         body_fn = _def(f"{P}body_{n}", state, self.block(s.body, set(state) | _loads(s.test)) +
                        [ast.Return(_tuple(state, ast.Load))])
         call = _call(_ct("while_stmt"), _load(cond_fn.name), _load(body_fn.name), _tuple(state, ast.Load),
-                     _const(tuple(state)), _const(self.src.key(s)), _const(tuple(_updated_in_place(s.body))))
+                     _const(tuple(state)), _const(self.src.key(s)), _const(tuple(_updated_in_place(s.body))),
+                     _const(tuple(_rebound(s.body))))
         return self._emit(s, state, [cond_fn, body_fn], call)
 
     def for_(self, s: ast.For, live_out: set[str]) -> list[ast.stmt]:
@@ -340,7 +398,7 @@ class _Functionalize:
                                    self.src.loc(s), hint="copy it into another variable inside the loop")
         cond = getattr(s, "ct_cond", None)
         needed = live_out | _uses_kills(s.body)[0] | (_loads(cond) if cond is not None else set())
-        state = self._state(_stores(s.body) - targets, needed)
+        state = self._state(self._changed(s.body) - targets, needed)
         item = f"{P}item_{n}"
         bind = ast.Assign([s.target], _load(item))
         body_fn = _def(f"{P}body_{n}", [item] + state,
@@ -355,7 +413,8 @@ class _Functionalize:
         if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.func.id == "range":
             iterable = ast.Call(_ct("range_"), iterable.args, iterable.keywords)
         call = _call(_ct("for_stmt"), iterable, _load(body_fn.name), cond_arg, _tuple(state, ast.Load),
-                     _const(tuple(state)), _const(self.src.key(s)), _const(tuple(_updated_in_place(s.body))))
+                     _const(tuple(state)), _const(self.src.key(s)), _const(tuple(_updated_in_place(s.body))),
+                     _const(tuple(_rebound(s.body))))
         return self._emit(s, state, defs, call)
 
 
@@ -433,7 +492,7 @@ def convert_ast(fn: Callable) -> tuple[ast.Module, _Source]:
     params += [a.arg for a in (fdef.args.vararg, fdef.args.kwarg) if a is not None]
     body = _Jumps(src).function(fdef)
     local_names = sorted(_stores(body) - set(params))
-    body = _Functionalize(src).block(body, set())
+    body = _Functionalize(src, set(local_names) | set(params)).block(body, set())
     init = [ast.copy_location(_assign(n, _call(_ct("undefined"), _const(n))), fdef) for n in local_names]
     fdef.body = init + body
     fdef = _Expressions(params[0] if params else None).visit(fdef)

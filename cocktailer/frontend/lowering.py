@@ -15,16 +15,17 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from cocktailer import pytree
 from cocktailer.errors import UnsupportedError
+from cocktailer.frontend.alias import ViewStep
 from cocktailer.frontend.tracer import Proxy, Tracer, is_proxy
 from cocktailer.ir import Op, TensorType, Value, infer_type
+from cocktailer.ir.ops import SEMANTICS
 
 Handler = Callable[..., Any]
 _BY_NAME: dict[str, Handler] = {}
 _BY_IDENTITY: dict[Any, Handler] = {}
 
-# Ops whose result shares memory with the input in torch: writing into them is refused.
-_VIEW_OPS = {Op.SELECT, Op.RESHAPE, Op.PERMUTE, Op.EXPAND}
 _RANDOM = {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal",
            "bernoulli", "multinomial", "uniform_", "normal_", "exponential_", "random_", "poisson"}
 _FACTORIES = {"zeros", "ones", "full", "empty", "arange", "tensor", "as_tensor", "zeros_like", "ones_like",
@@ -40,7 +41,7 @@ def register(*names: str) -> Callable[[Handler], Handler]:
 
 
 class Lowering:
-    """Helpers handlers use: values of arguments, emitting ops, wrapping results."""
+    """Helpers handlers use: values of arguments, emitting ops, new tensors and views."""
 
     def __init__(self, tracer: Tracer):
         self.t = tracer
@@ -48,13 +49,17 @@ class Lowering:
     def val(self, x) -> Value:
         return self.t.value_of(x)
 
-    def out(self, op: Op, operands: Sequence, view_of=None, **attrs) -> Proxy:
-        value = self.t.emit(op, [self.val(o) for o in operands], attrs)[0]
-        proxy = self.t.wrap(value)
-        if op in _VIEW_OPS and isinstance(view_of, Proxy):
-            base = view_of.view_of if view_of.view_of is not None else view_of
-            proxy.view_of, proxy.view_version = base, base.version
-        return proxy
+    def out(self, op: Op, operands: Sequence, **attrs) -> Proxy:
+        """A new tensor: `op` of the operands."""
+        return self.t.fresh(self.t.emit(op, [self.val(o) for o in operands], attrs)[0])
+
+    def meta(self, x) -> torch.Tensor:
+        """x's layout: a meta tensor with its sizes and strides."""
+        return x.meta if isinstance(x, Proxy) else self.t.const_storage(x).meta
+
+    def view(self, x, op: Op, meta: torch.Tensor, dynamic: Sequence = (), **attrs) -> Proxy:
+        """A view of x (memory shared with it): `op` applied to it, with layout `meta`."""
+        return self.t.view(x, ViewStep.make(op, [self.val(d) for d in dynamic], **attrs), meta)
 
     def scalar_like(self, x: numbers.Number, others: Sequence) -> Value:
         """A Python number as a 0-d value of the dtype torch computes with next to `others`."""
@@ -67,20 +72,27 @@ class Lowering:
 
     def elementwise(self, op: Op, *args) -> Proxy:
         operands = [self.scalar_like(a, args) if _is_number(a) else self.val(a) for a in args]
-        value = self.t.emit(op, operands, {})[0]
-        return self.t.wrap(value)
+        return self.t.fresh(self.t.emit(op, operands, {})[0])
 
     def reshape(self, x, shape) -> Proxy:
+        """A view where torch's reshape gives one (the layout allows it), else a copy."""
         shape = tuple(_meta(x).reshape(shape).shape)   # resolves -1
         if shape == tuple(x.shape):
             return x
-        return self.out(Op.RESHAPE, [x], view_of=x, shape=shape)
+        _check_layout_known(x, "reshaping")
+        meta = self.meta(x).reshape(shape)
+        if _shares_memory(meta, self.meta(x)):
+            return self.view(x, Op.RESHAPE, meta, shape=shape)
+        return self.out(Op.RESHAPE, [x], shape=shape)
 
     def permute(self, x, dims) -> Proxy:
         dims = tuple(d % max(x.dim(), 1) for d in dims)
         if dims == tuple(range(x.dim())):
             return x
-        return self.out(Op.PERMUTE, [x], view_of=x, dims=dims)
+        return self.view(x, Op.PERMUTE, self.meta(x).permute(dims), dims=dims)
+
+    def expand(self, x, shape) -> Proxy:
+        return self.view(x, Op.EXPAND, self.meta(x).expand(shape), shape=tuple(shape))
 
     def cast(self, x, dtype: torch.dtype):
         if dtype is None or x.dtype == dtype:
@@ -92,10 +104,48 @@ class Lowering:
         return y if b is None else self.elementwise(Op.ADD, y, b)
 
     def select(self, x, key: list, dynamic: list):
-        proxy = self.out(Op.SELECT, [x] + dynamic, view_of=x, key=tuple(key))
-        if isinstance(x, Proxy) and x.view_of is None:
-            proxy.view_key = (tuple(key), tuple(dynamic))   # lets a write into the view reach x
+        meta = SEMANTICS[Op.SELECT](self.meta(x), *(_META_INDEX for _ in dynamic), key=tuple(key))
+        return self.view(x, Op.SELECT, meta, dynamic, key=tuple(key))
+
+    def copy(self, x) -> Proxy:
+        """A new tensor with x's contents (and, as `clone()` keeps it, x's layout)."""
+        proxy = self.t.fresh(self.val(x), torch.empty_like(self.meta(x)))
+        proxy.storage.layout_varies = isinstance(x, Proxy) and x.storage.layout_varies
         return proxy
+
+    def write(self, x, value) -> Proxy:
+        """x, written in place with `value` (broadcast and cast to x, as torch's in-place ops do)."""
+        value = value if isinstance(value, torch.Tensor) else self.t.fresh(self.t.scalar(value, x.dtype))
+        if not torch.can_cast(value.dtype, x.dtype):
+            raise UnsupportedError(f"result type {_dtype_name(value.dtype)} can't be cast to the desired output type "
+                                   f"{_dtype_name(x.dtype)} (an in-place op on a {_dtype_name(x.dtype)} tensor)",
+                                   hint="cast the tensor first, or compute out of place")
+        if tuple(value.shape) != tuple(x.shape):
+            if torch.broadcast_shapes(tuple(value.shape), tuple(x.shape)) != tuple(x.shape):
+                raise UnsupportedError(f"an in-place op's result has shape {tuple(value.shape)}, which does not "
+                                       f"broadcast to the written tensor's {tuple(x.shape)}")
+            value = self.expand(value, tuple(x.shape))
+        self.t.write(x, self.val(self.cast(value, x.dtype)))
+        return x
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "Float", torch.float64: "Double", torch.int64: "Long", torch.int32: "Int",
+            torch.bool: "Bool", torch.float16: "Half"}.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _check_layout_known(x, what: str):
+    if isinstance(x, Proxy) and x.storage.layout_varies:
+        raise UnsupportedError(f"{what} a tensor whose memory layout (strides) depends on the path taken: torch "
+                               "would give a view on one path and a copy on another",
+                               hint="call `.contiguous()` on it where it is assigned, or `.clone()` it")
+
+
+_META_INDEX = torch.zeros((), dtype=torch.int64, device="meta")
 
 
 def _is_number(x) -> bool:
@@ -170,7 +220,62 @@ def lower_call(tracer: Tracer, func, args: tuple, kwargs: dict):
                 return func(*args, **kwargs)
         raise UnsupportedError(f"unsupported torch op `{_qualname(func)}`",
                                hint="see docs/ops.md for the supported ops; write it with those")
-    return handler(Lowering(tracer), *args, **kwargs)
+    L = Lowering(tracer)
+    out = kwargs.pop("out", None)
+    in_place = kwargs.get("inplace") is True
+    if in_place:
+        kwargs["inplace"] = False
+    born = tracer.stamp()
+    result = handler(L, *args, **kwargs)
+    if _layout_matters(args, kwargs):
+        result = _torch_layout(tracer, func, args, kwargs, result, born)
+    if in_place and result is not args[0]:   # F.relu(x, inplace=True), nn.ReLU(inplace=True)
+        return L.write(args[0], result)
+    if out is not None:
+        return _write_out(L, out, result)
+    return result
+
+
+def _write_out(L: Lowering, out, result):
+    """`op(..., out=t)`: the result written into t, which the call returns."""
+    if not isinstance(out, torch.Tensor) or not isinstance(result, torch.Tensor):
+        raise UnsupportedError("`out=` with several outputs", hint="assign the results instead")
+    if tuple(out.shape) != tuple(result.shape):
+        raise UnsupportedError(f"`out=` tensor of shape {tuple(out.shape)} for a result of shape "
+                               f"{tuple(result.shape)} (torch would resize it)", hint="assign the result instead")
+    return L.write(out, result)
+
+
+def _layout_matters(args, kwargs) -> bool:
+    """Whether a tensor argument is laid out other than contiguously: then torch's result
+    may be too (elementwise ops keep their inputs' layout), and which later reshapes are
+    views depends on it."""
+    return any(isinstance(x, Proxy) and (x.storage.layout_varies or not x.meta.is_contiguous())
+               for x in pytree.flatten((args, kwargs))[0])
+
+
+def _torch_layout(t: Tracer, func, args, kwargs, result, born: int):
+    """New tensors of `result` with the strides torch gives them (it is asked, on meta tensors)."""
+    leaves, spec = pytree.flatten(result if isinstance(result, (tuple, list)) else (result,))
+    fresh = [isinstance(x, Proxy) and not x.chain and x.storage.born > born for x in leaves]
+    if not any(fresh):
+        return result
+    metas = pytree.tree_map(lambda x: x.meta if isinstance(x, Proxy) else
+                            t.const_storage(x).meta if isinstance(x, torch.Tensor) else x, (args, kwargs))
+    try:
+        with torch._C.DisableTorchFunction():
+            shown = func(*metas[0], **metas[1])
+    except Exception:   # no meta kernel, or arguments only cocktailer's lowering accepts: keep the default
+        return result
+    shown = pytree.flatten(shown if isinstance(shown, (tuple, list)) else (shown,))[0]
+    varies = any(isinstance(x, Proxy) and x.storage.layout_varies for x in pytree.flatten((args, kwargs))[0])
+    for k, (x, m) in enumerate(zip(leaves, shown)):
+        if fresh[k] and isinstance(m, torch.Tensor) and m.shape == x.shape and (m.stride() != x.stride() or varies):
+            x.storage.meta = torch.empty_strided(m.shape, m.stride(), dtype=x.dtype, device="meta")
+            x.storage.layout_varies = varies
+            leaves[k] = t.on(x.storage)
+    out = pytree.unflatten(spec, leaves)
+    return out if isinstance(result, (tuple, list)) else out[0]
 
 
 def _qualname(func) -> str:
@@ -180,21 +285,34 @@ def _qualname(func) -> str:
 
 def _lower_property(tracer: Tracer, getter, args):
     x = args[0]
-    prop = next((n for n in ("T", "mT", "data", "real") if getter is getattr(torch.Tensor, n).__get__), None)
+    descriptor = getattr(getter, "__self__", None)   # `x.T` reaches here as the descriptor's __get__
+    prop = next((n for n in ("T", "mT", "data", "real", "grad") if descriptor is getattr(torch.Tensor, n)), None)
     if prop == "T":
         return Lowering(tracer).permute(x, tuple(reversed(range(x.dim()))))
     if prop == "mT":
         return Lowering(tracer).permute(x, tuple(range(x.dim() - 2)) + (x.dim() - 1, x.dim() - 2))
-    if prop in ("data", "real") and not x.is_complex():
+    if prop == "data":   # the same memory, detached
+        return tracer.alias(x)
+    if prop == "real" and not x.is_complex():
         return x
-    if getter is torch.Tensor.grad.__get__:
+    if prop == "grad":
         return None
     with torch._C.DisableTorchFunctionSubclass():
         return getter(*args)
 
 
+# In-place ops that change a tensor's shape or strides, not its values: a proxy's are fixed.
+_RESHAPING_IN_PLACE = {"unsqueeze_", "squeeze_", "t_", "transpose_", "swapdims_", "swapaxes_", "resize_",
+                       "resize_as_", "as_strided_", "set_", "share_memory_"}
+
+
 def _inplace_handler(name: str) -> Handler | None:
-    """`x.add_(y)`, `x += y`: compute out of place, then rebind x."""
+    """`x.add_(y)`, `x += y`: compute out of place, then write the result into x's memory."""
+    if name in _RESHAPING_IN_PLACE:
+        def refuse(L, x, *args, **kwargs):
+            raise UnsupportedError(f"`{name}` changes a tensor's shape in place",
+                                   hint=f"use the out-of-place `{name[:-1]}` and assign its result")
+        return refuse
     base = name[2:-2] if name.startswith("__i") and name.endswith("__") else name[:-1] if name.endswith("_") else None
     if base is None:
         return None
@@ -204,14 +322,7 @@ def _inplace_handler(name: str) -> Handler | None:
         return None
 
     def inplace(L: Lowering, x, *args, **kwargs):
-        if not isinstance(x, Proxy):
-            raise UnsupportedError(f"in-place `{name}` on a tensor that is not computed by the program "
-                                   "(a parameter or a global tensor)", hint="compute out of place: `y = x + 1`")
-        result = handler(L, x, *args, **kwargs)
-        result = L.cast(L.out(Op.EXPAND, [result], shape=tuple(x.shape)) if tuple(result.shape) != tuple(x.shape)
-                        else result, x.dtype)
-        L.t.rebind(x, L.val(result))
-        return x
+        return L.write(x, handler(L, x, *args, **kwargs))
     return inplace
 
 
@@ -247,9 +358,7 @@ def _invert(L, x):
 
 
 def _binary(op: Op, swap: bool = False):
-    def h(L: Lowering, a, b, *, alpha=None, out=None):
-        if out is not None:
-            raise UnsupportedError("`out=` arguments", hint="assign the result instead")
+    def h(L: Lowering, a, b, *, alpha=None):
         if alpha is not None and alpha != 1:
             b = L.elementwise(Op.MUL, b, alpha)
         return L.elementwise(op, b, a) if swap else L.elementwise(op, a, b)
@@ -571,14 +680,27 @@ def _full_rnn(L, *args, **kwargs):
 
 # -- shapes and data movement --------------------------------------------------------------
 
-@register("view", "reshape")
-def _view(L, x, *shape):
-    if len(shape) == 1 and isinstance(shape[0], torch.dtype):
-        raise UnsupportedError("view(dtype) reinterpretation")
+@register("reshape")
+def _reshape(L, x, *shape):
     return L.reshape(x, _shape_args(shape))
 
 
-register("view_as", "reshape_as")(lambda L, x, other: L.reshape(x, tuple(other.shape)))
+@register("view")
+def _view(L, x, *shape):
+    """Like reshape, but torch refuses where the layout allows no view."""
+    if len(shape) == 1 and isinstance(shape[0], torch.dtype):
+        raise UnsupportedError("view(dtype) reinterpretation")
+    shape = _shape_args(shape)
+    _check_layout_known(x, "viewing")
+    try:
+        L.meta(x).view(shape)
+    except RuntimeError as e:
+        raise UnsupportedError(f"view{tuple(shape)}: {e}", hint="use reshape(), or .contiguous() first") from None
+    return L.reshape(x, shape)
+
+
+register("view_as")(lambda L, x, other: _view(L, x, tuple(other.shape)))
+register("reshape_as")(lambda L, x, other: L.reshape(x, tuple(other.shape)))
 
 
 @register("flatten")
@@ -617,7 +739,7 @@ register("permute")(lambda L, x, *dims: L.permute(x, _shape_args(dims)))
 def _expand(L, x, *sizes):
     sizes = _shape_args(sizes)
     shape = tuple(_meta(x).expand(sizes).shape)
-    return x if shape == tuple(x.shape) else L.out(Op.EXPAND, [x], view_of=x, shape=shape)
+    return x if shape == tuple(x.shape) else L.expand(x, shape)
 
 
 register("expand_as")(lambda L, x, other: _expand(L, x, tuple(other.shape)))
@@ -633,13 +755,33 @@ def _repeat(L, x, *sizes):
     return L.reshape(L.out(Op.EXPAND, [spread], shape=inter), tuple(r * s for r, s in zip(sizes, x.shape)))
 
 
-@register("contiguous", "clone", "detach", "requires_grad_", "__deepcopy__")
-def _identity(L, x, *args, **kwargs):
-    return L.t.wrap(L.val(x)) if isinstance(x, Proxy) else x
+@register("contiguous")
+def _contiguous(L, x, memory_format=torch.contiguous_format):
+    _check_layout_known(x, "`.contiguous()` of")
+    if L.meta(x).is_contiguous():
+        return x            # torch returns the tensor itself
+    return L.t.fresh(L.val(x))
+
+
+@register("clone", "__deepcopy__")
+def _clone(L, x, *args, memory_format=torch.preserve_format):
+    return L.copy(x) if memory_format is torch.preserve_format else L.t.fresh(L.val(x))
+
+
+@register("detach")
+def _detach(L, x):
+    return L.t.alias(x)     # a new tensor object for the same memory
+
+
+@register("requires_grad_", "detach_")
+def _self(L, x, *args, **kwargs):
+    return x
 
 
 @register("to", "type")
 def _to(L, x, *args, **kwargs):
+    if kwargs.get("copy"):
+        return L.copy(L.cast(x, kwargs.get("dtype") or next((a for a in args if isinstance(a, torch.dtype)), None)))
     dtype = kwargs.get("dtype")
     for a in args:
         if isinstance(a, torch.dtype):
@@ -662,15 +804,15 @@ def _device_move(L, x, *args, **kwargs):
 
 
 @register("cat", "concat", "concatenate")
-def _cat(L, tensors, dim=0, *, out=None):
+def _cat(L, tensors, dim=0):
     tensors = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)] or list(tensors)[:1]
     if len(tensors) == 1:
-        return tensors[0]
+        return L.t.fresh(L.val(tensors[0]))   # new memory, as torch.cat gives
     return L.out(Op.CAT, list(tensors), dim=dim % tensors[0].dim())
 
 
 @register("stack")
-def _stack(L, tensors, dim=0, *, out=None):
+def _stack(L, tensors, dim=0):
     d = dim % (tensors[0].dim() + 1)
     return _cat(L, [_unsqueeze(L, t, d) for t in tensors], d)
 
@@ -726,7 +868,7 @@ def _index_select(L, x, dim, index):
 def _item(L, x):
     if x.numel() != 1:
         raise UnsupportedError(f".item() of a tensor with {x.numel()} elements")
-    return L.reshape(x, ()) if x.dim() else L.t.wrap(L.val(x))
+    return L.t.fresh(L.val(L.reshape(x, ()) if x.dim() else x))   # a number: later writes to x do not change it
 
 
 # -- indexing ---------------------------------------------------------------------------------
@@ -802,31 +944,61 @@ def _getitem_basic(L, x, items, dynamic=()):
 
 @register("__setitem__")
 def _setitem(L, x, key, value):
-    if not isinstance(x, Proxy):
-        raise UnsupportedError("writing into a tensor that is not computed by the program (a parameter, "
-                               "a buffer or a global tensor)", hint="clone it first: `buf = self.buf.clone()`")
+    mask = _mask_of(x, key)
+    if mask is not None:
+        return _masked_assign(L, x, mask, value)
     items, dynamic, advanced = _parse_key(L, x, key)
     if advanced is not None:
         raise UnsupportedError("assignment through an integer-tensor index", hint="write one row at a time with a 0-d index")
-    target = infer_type(Op.SELECT, [TensorType.of(x)] + [TensorType.of(d) for d in dynamic], {"key": tuple(items)})
+    target = x if all(it == ("slice", None, None, None) for it in items) else L.select(x, items, dynamic)
+    _assign(L, target, value)
+
+
+def _assign(L, target, value):
+    """`target[...] = value`, `target.copy_(value)`: any dtype is cast; leading 1-sized dims
+    of the value are dropped, then it broadcasts (as torch does)."""
     if _is_number(value):
-        value = L.t.wrap(L.t.scalar(value, x.dtype))
-    value = L.cast(value, x.dtype)
-    if tuple(value.shape) != target.shape:
-        value = _expand(L, value, target.shape) if value.dim() <= target.rank else L.reshape(value, target.shape)
-    new = L.t.emit(Op.UPDATE, [L.val(x), L.val(value)] + [L.val(d) for d in dynamic], {"key": tuple(items)})[0]
-    L.t.rebind(x, new)
+        value = L.t.fresh(L.t.scalar(value, target.dtype))
+    value = L.cast(value, target.dtype)
+    if value.dim() > target.dim():
+        extra = value.dim() - target.dim()
+        if any(d != 1 for d in value.shape[:extra]):
+            raise UnsupportedError(f"assigning a tensor of shape {tuple(value.shape)} to one of shape "
+                                   f"{tuple(target.shape)}")
+        value = L.reshape(value, tuple(value.shape[extra:]))
+    L.write(target, value)
+
+
+def _mask_of(x, key):
+    """A boolean mask index over x's leading dims (`x[mask] = v`), else None."""
+    k = key[0] if isinstance(key, tuple) and len(key) == 1 else key
+    if isinstance(k, torch.Tensor) and k.dtype == torch.bool and k.dim() > 0 and \
+            tuple(k.shape) == tuple(x.shape[:k.dim()]):
+        return k
+    return None
+
+
+def _masked_assign(L, x, mask, value):
+    """`x[mask] = v`: the elements where mask holds take v (a number, or a tensor that
+    broadcasts to one masked row); no data-dependent shape is involved."""
+    rows = tuple(x.shape[mask.dim():])
+    if isinstance(value, torch.Tensor) and torch.broadcast_shapes(tuple(value.shape), rows) != rows:
+        raise UnsupportedError("`x[mask] = v` with one value per selected element (their number depends on the data)",
+                               hint="assign a number, or use torch.where(mask, new_values, x)")
+    where = L.reshape(mask, tuple(mask.shape) + (1,) * len(rows))
+    fill = L.t.fresh(L.t.scalar(value, x.dtype)) if _is_number(value) else L.cast(value, x.dtype)
+    L.write(x, L.elementwise(Op.WHERE, where, fill, x))
 
 
 @register("copy_")
 def _copy(L, x, src, non_blocking=False):
-    _setitem(L, x, Ellipsis, src)
+    _assign(L, x, src)
     return x
 
 
 @register("fill_")
 def _fill(L, x, value):
-    _setitem(L, x, Ellipsis, value)
+    _assign(L, x, value)
     return x
 
 
@@ -836,9 +1008,9 @@ register("zero_")(lambda L, x: _fill(L, x, 0))
 # -- creation ------------------------------------------------------------------------------
 
 def _full_proxy(L, shape, value, dtype):
-    if isinstance(value, torch.Tensor):
-        return _expand(L, L.cast(value, dtype), shape)
-    return L.t.wrap(L.t.emit1(Op.FULL, [], shape=tuple(shape), value=value, dtype=dtype))
+    if isinstance(value, torch.Tensor):   # new memory filled with the value
+        return L.t.fresh(L.val(_expand(L, L.cast(value, dtype), shape)))
+    return L.t.fresh(L.t.emit1(Op.FULL, [], shape=tuple(shape), value=value, dtype=dtype))
 
 
 def _factory_dtype(dtype, value=0.0):
@@ -899,20 +1071,20 @@ def _arange(L, start, end=None, step=1, *, dtype=None, device=None, layout=None,
         raise UnsupportedError("arange with tensor bounds (its length would depend on the data)")
     if dtype is None:
         dtype = torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else torch.get_default_dtype()
-    return L.t.wrap(L.t.emit1(Op.ARANGE, [], start=start, end=end, step=step, dtype=dtype))
+    return L.t.fresh(L.t.emit1(Op.ARANGE, [], start=start, end=end, step=step, dtype=dtype))
 
 
 @register("tensor", "as_tensor", "scalar_tensor")
 def _tensor(L, data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
-    if isinstance(data, torch.Tensor):
-        return L.cast(data, dtype)
+    if isinstance(data, torch.Tensor):   # torch.tensor(t) copies
+        return L.t.fresh(L.val(L.cast(data, dtype)))
     if _has_tensor(data):
         raise UnsupportedError("torch.tensor() of a list holding tensors", hint="use torch.stack")
     with torch._C.DisableTorchFunction():
         value = torch.tensor(data, dtype=dtype, device=L.t.device)
     if value.dim() == 0 and _is_number(data):
-        return L.t.wrap(L.t.scalar(data, value.dtype))
-    return L.t.wrap(L.t.constant(value))
+        return L.t.fresh(L.t.scalar(data, value.dtype))
+    return L.t.fresh(L.t.constant(value))   # new memory each call, starting from these values
 
 
 def _new_tensor(L, x, data, *, dtype=None, **kwargs):

@@ -169,8 +169,7 @@ class Program:
     output_spec: Any = None   # (pytree spec, [(is_tensor, python value)]) of the result; tensors are the yields
     derived: dict[str, tuple] = field(default_factory=dict)   # folded constant -> (op, attrs, source names)
     derived_versions: dict[str, tuple] = field(default_factory=dict)   # sources' versions when computed
-    inputs_written: list[int] = field(default_factory=list)   # tensor inputs written in place: their new
-                                                              # values are the last yields, copied back
+    boundary: Any = None      # ir.boundary.Boundary: the yields -> results, and writes into inputs and constants
 
     @property
     def main(self) -> Function:

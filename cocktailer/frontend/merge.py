@@ -1,0 +1,401 @@
+"""Merging the tensors that several paths leave in the same variables.
+
+The two branches of a tensor-dependent `if`, what enters a loop and what one iteration
+leaves for the next, the body of a recursive function and the end of the program each leave
+variables whose tensors may differ between paths. In eager PyTorch such a variable is one
+of those tensors, memory and all: new, a view of a tensor from before, or a view of another
+variable's tensor. `make_plan` works out one layout for every path:
+
+- a *slot* is a merged storage, with a value per path: the storage variable i is the base of
+  on that path (slot `("leaf", i)`), or memory that variables only view (`("hidden", ...)`);
+- each variable is the base of its slot, or the same view of one target (an outer storage,
+  or a slot) on every path;
+- a *link* says that a slot is a view of a target on some paths; its flag, a merged bool,
+  says on which (see `frontend.alias.Link`).
+
+`side_values(plan, side)` gives a side's values in the plan's order: every slot's value,
+every link's flag, the indices of every link's and view's chain (filler where the side has
+none). `build(plan, values)` turns merged values back into tensors.
+"""
+from __future__ import annotations
+
+import numbers
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from cocktailer.errors import UnsupportedError
+from cocktailer.frontend.alias import Chain, Storage, ViewStep, chain_dynamic, chain_structure
+from cocktailer.frontend.tracer import Proxy, Tracer, Undefined, contiguous_meta
+from cocktailer.ir import BOOL, INDEX, Op, Region, TensorType, Value
+from cocktailer.ir.ops import SEMANTICS
+
+Target = tuple   # ("outer", Storage) or ("slot", slot key)
+
+
+@dataclass
+class Side:
+    """One path's end: where its values can be computed, and what its variables hold."""
+    region: Region
+    leaves: list
+    state: dict | None = None     # storage contents at the path's end (None: as they are now)
+
+
+@dataclass
+class Slot:
+    type: TensorType
+    meta: torch.Tensor
+    layout_varies: bool = False
+
+
+@dataclass(frozen=True)
+class LinkPlan:
+    slot: tuple
+    target: Target
+    structure: tuple
+
+    @property
+    def key(self) -> tuple:
+        return (self.slot, target_key(self.target), self.structure)
+
+
+@dataclass
+class LeafPlan:
+    kind: str                       # "slot": the base of slot ("leaf", i); "view": of `target`
+    type: TensorType
+    target: Target | None = None
+    structure: tuple = ()
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.type, None if self.target is None else target_key(self.target), self.structure)
+
+
+@dataclass
+class Plan:
+    slots: dict[tuple, Slot] = field(default_factory=dict)
+    links: dict[tuple, LinkPlan] = field(default_factory=dict)
+    leaves: dict[int, LeafPlan] = field(default_factory=dict)
+
+    def covers(self, other: "Plan") -> bool:
+        """Every slot, link and variable layout of `other` is one of this plan's."""
+        return (other.slots.keys() <= self.slots.keys() and other.links.keys() <= self.links.keys()
+                and all(i in self.leaves and self._holds(i, p) for i, p in other.leaves.items()))
+
+    def _holds(self, i: int, leaf: LeafPlan) -> bool:
+        mine = self.leaves[i]
+        if mine.key == leaf.key:
+            return True
+        # a slot linked to the view's target can be that view
+        return mine.kind == "slot" and leaf.kind == "view" and \
+            LinkPlan(("leaf", i), leaf.target, leaf.structure).key in self.links
+
+    def union(self, other: "Plan") -> "Plan":
+        out = Plan(dict(self.slots), dict(self.links), dict(self.leaves))
+        for key, slot in other.slots.items():
+            if key not in out.slots or out.slots[key].type != slot.type:
+                out.slots[key] = slot
+        for key, link in other.links.items():
+            out.links.setdefault(key, link)
+        for i, leaf in other.leaves.items():
+            mine = out.leaves.setdefault(i, leaf)
+            if mine.key != leaf.key:   # a view on one path, something else on another: a slot of its own
+                out.leaves[i] = LeafPlan("slot", leaf.type)
+                out.slots.setdefault(("leaf", i), Slot(leaf.type, contiguous_meta(leaf.type), True))
+                for p in (mine, leaf):
+                    if p.kind == "view":
+                        link = LinkPlan(("leaf", i), p.target, p.structure)
+                        out.links.setdefault(link.key, link)
+        return out
+
+    def droppable(self, leaves) -> set[int]:
+        """Which of the variables `leaves` could be left out (nothing links to their slots)."""
+        targeted = {link.target[1] for link in self.links.values() if link.target[0] == "slot"}
+        return {i for i in leaves if ("leaf", i) not in targeted}
+
+    def without(self, leaves) -> "Plan":
+        """This plan with the variables `leaves` not merged (where nothing links to them)."""
+        drop = self.droppable(leaves)
+        own = lambda key: key[0] == "leaf" and key[1] in drop
+        return Plan({k: s for k, s in self.slots.items() if not own(k)},
+                    {k: link for k, link in self.links.items() if not own(link.slot)},
+                    {i: p for i, p in self.leaves.items() if i not in drop})
+
+    def relabel(self, outer: Callable[[Any], Any]) -> "Plan":
+        """The same plan with its outer targets renamed by `outer`."""
+        move = lambda target: ("outer", outer(target[1])) if target[0] == "outer" else target
+        links = [LinkPlan(link.slot, move(link.target), link.structure) for link in self.links.values()]
+        leaves = {i: LeafPlan(p.kind, p.type, None if p.target is None else move(p.target), p.structure)
+                  for i, p in self.leaves.items()}
+        return Plan(dict(self.slots), {link.key: link for link in links}, leaves)
+
+    def value_types(self) -> list[TensorType]:
+        types = [s.type for s in self.slots.values()] + [BOOL] * len(self.links)
+        types += [ty for link in self.links.values() for ty in _index_types(link.structure)]
+        types += [ty for leaf in self.leaves.values() if leaf.kind == "view" for ty in _index_types(leaf.structure)]
+        return types
+
+
+def target_key(target: Target) -> tuple:
+    """Storages compare by identity; other outer labels (a function's parameters) by value."""
+    if target[0] == "outer" and isinstance(target[1], Storage):
+        return ("outer", id(target[1]))
+    return target
+
+
+def _index_types(structure: tuple) -> list[TensorType]:
+    return [INDEX for (_, _, n) in structure for _ in range(n)]
+
+
+# -- what one side holds ----------------------------------------------------------------------
+
+@dataclass
+class Resolved:
+    """One side seen through the plan: the slot standing for each local storage it has,
+    where each variable points, and the links of its slots."""
+    slot_of: dict[Storage, tuple]                          # local storage -> slot key
+    leaves: dict[int, tuple[Target, Chain] | None]         # variable -> (target, chain); None: no tensor
+    # link key -> (target, [(chain, flags to AND)]): one entry per way the side reaches it
+    links: dict[tuple, tuple[Target, list]] = field(default_factory=dict)
+
+
+def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[Storage], bool]) -> Resolved:
+    slot_of: dict[Storage, tuple] = {}
+    proxies = [(i, side.leaves[i]) for i in merged if isinstance(side.leaves[i], Proxy)]
+    for i, x in proxies:
+        if not x.chain and not is_outer(x.storage):
+            slot_of.setdefault(x.storage, ("leaf", i))
+    for i, x in proxies:   # memory that variables only view gets a slot of its own
+        if not is_outer(x.storage):
+            slot_of.setdefault(x.storage, ("hidden", side_index, i))
+    point = lambda s: ("outer", s) if is_outer(s) else ("slot", slot_of[s])
+    r = Resolved(slot_of, {i: None for i in merged})
+    for i, x in proxies:
+        r.leaves[i] = (point(x.storage), x.chain)
+    for storage, slot in slot_of.items():
+        for target, chain, flags in _link_targets(storage, is_outer, slot_of, (), {storage}):
+            link = LinkPlan(slot, point(target), chain_structure(chain))
+            r.links.setdefault(link.key, (link.target, []))[1].append((chain, flags))
+    return r
+
+
+def _link_targets(storage: Storage, is_outer, slot_of, flags: tuple, seen: set) -> Iterator:
+    """(target, chain, flags) for what `storage` may be a view of, looking through local
+    storages no slot stands for (they are gone after the merge: what they lead to counts)."""
+    for link in storage.links:
+        target, f = link.target, flags + (link.flag,)
+        if is_outer(target) or target in slot_of:
+            yield target, link.chain, f
+        elif target not in seen:
+            seen.add(target)
+            for t2, chain, f2 in _link_targets(target, is_outer, slot_of, f, seen):
+                yield t2, chain + link.chain, f2
+
+
+def merged_type(name: str, xs: list) -> TensorType:
+    """The tensor type a variable takes when its values differ between paths."""
+    tensors = [x for x in xs if isinstance(x, torch.Tensor)]
+    if tensors:
+        types = {TensorType.of(x) for x in tensors}
+        if len(types) > 1:
+            raise UnsupportedError(f"variable `{name}` is {' in one path and '.join(map(str, types))} in the other "
+                                   "(a tensor-dependent `if` or loop must give it one shape and dtype)",
+                                   hint=f"keep `{name}`'s shape and dtype the same on every path (and in every "
+                                        "iteration), e.g. preallocate the largest shape")
+        (ty,) = types
+        if any(isinstance(x, numbers.Number) for x in xs) and ty.shape != ():
+            raise UnsupportedError(f"variable `{name}` is a Python number on one path and a {ty} tensor on another",
+                                   hint="make it a tensor of one shape on every path")
+        return ty
+    if all(isinstance(x, (numbers.Number, Undefined)) for x in xs):
+        numbers_ = [x for x in xs if isinstance(x, numbers.Number)]
+        if all(isinstance(x, bool) for x in numbers_):
+            return BOOL
+        if all(isinstance(x, int) for x in numbers_):
+            return INDEX
+        return TensorType((), torch.get_default_dtype())
+    kinds = " and ".join(sorted({type(x).__name__ for x in xs}))
+    raise UnsupportedError(f"variable `{name}` holds different Python objects ({kinds}) depending on a tensor "
+                           "condition; only tensors and numbers can differ between paths",
+                           hint="decide with Python values, or make both paths assign tensors")
+
+
+# -- the plan -----------------------------------------------------------------------------
+
+def make_plan(sides: list[Side], merged: list[int], names: list[str], is_outer, *, force_slots=()) -> \
+        tuple[Plan, list[Resolved]]:
+    """The layout of the variables `merged` (positions in each side's leaves) where the paths
+    `sides` meet. `force_slots`: variables that get a slot even where every path holds the
+    same view (what a loop carries: after an iteration it may be something else)."""
+    resolved = [resolve(side, merged, k, is_outer) for k, side in enumerate(sides)]
+    plan = Plan()
+    for r in resolved:
+        for storage, key in r.slot_of.items():
+            plan.slots.setdefault(key, Slot(storage.type, storage.meta, storage.layout_varies))
+        for key, (target, _) in r.links.items():
+            plan.links.setdefault(key, LinkPlan(key[0], target, key[2]))
+    for i in merged:
+        _plan_leaf(plan, resolved, [side.leaves[i] for side in sides], i, names[i], i in force_slots)
+    return plan, resolved
+
+
+def _plan_leaf(plan: Plan, resolved: list[Resolved], xs: list, i: int, name: str, force_slot: bool):
+    ty = merged_type(name, [x for x in xs if not isinstance(x, Undefined)] or xs)
+    own = ("slot", ("leaf", i))
+    points = [r.leaves[i] for r in resolved]
+    if all(p is not None for p in points) and \
+            len({target_key(p[0]) for p in points}) == 1 and len({chain_structure(p[1]) for p in points}) == 1:
+        target, chain = points[0]
+        if not force_slot and not (target == own and not chain):   # the same view on every path
+            plan.leaves[i] = LeafPlan("view", ty, target, chain_structure(chain))
+            return
+    plan.leaves[i] = LeafPlan("slot", ty)
+    plan.slots[("leaf", i)] = _merged_layout(ty, xs)
+    for p in points:   # where the variable is not the slot's own memory: a link
+        link = _leaf_link(i, p)
+        if link is not None:
+            plan.links.setdefault(link.key, link)
+
+
+def _merged_layout(ty: TensorType, xs: list) -> Slot:
+    """A variable's layout after paths meet: theirs where they agree; where they do not,
+    torch's strides depend on the path taken (reshaping it is refused)."""
+    proxies = [x for x in xs if isinstance(x, Proxy)]
+    if not proxies:
+        return Slot(ty, contiguous_meta(ty))
+    same = all(x.meta.stride() == proxies[0].meta.stride() for x in proxies)
+    varies = not same or any(x.storage.layout_varies for x in proxies)
+    return Slot(ty, proxies[0].meta if same else contiguous_meta(ty), varies)
+
+
+def _leaf_link(i: int, point: tuple[Target, Chain] | None) -> LinkPlan | None:
+    """The link saying that variable i's slot is, on some side, what the variable points to."""
+    if point is None or (point[0] == ("slot", ("leaf", i)) and not point[1]):
+        return None
+    return LinkPlan(("leaf", i), point[0], chain_structure(point[1]))
+
+
+# -- values along a side, and tensors from merged values ------------------------------------
+
+@contextmanager
+def on_side(t: Tracer, side: Side):
+    """Emit into the side's region, with storages as they were at its end."""
+    with t.reopen(side.region) if side.region is not t.region else nullcontext():
+        with t.storage_state(side.state) if side.state is not None else nullcontext():
+            yield
+
+
+def side_values(t: Tracer, plan: Plan, side: Side, r: Resolved) -> list[Value]:
+    """The plan's values on this side, in the plan's order (see the module docstring)."""
+    with on_side(t, side):
+        by_slot = {key: storage for storage, key in r.slot_of.items()}
+        values = [_slot_value(t, side, by_slot.get(key), key, slot) for key, slot in plan.slots.items()]
+        found = [r.links.get(key) or _found_leaf_link(r, link) for key, link in plan.links.items()]
+        values += [_any(t, [_all(t, flags) for _, flags in f[1]]) if f is not None else t.false() for f in found]
+        for link, f in zip(plan.links.values(), found):
+            values += _indices(t, link.structure, f[1] if f is not None else None)
+        for i, leaf in plan.leaves.items():
+            if leaf.kind == "view":
+                point = r.leaves.get(i)
+                values += _indices(t, leaf.structure, tuple(point[1]) if point is not None else None)
+    return values
+
+
+def _found_leaf_link(r: Resolved, link: LinkPlan) -> tuple | None:
+    """A variable's own link on this side: (target, [(chain, no flags)]) if it points there."""
+    if link.slot[0] != "leaf" or link.slot[1] not in r.leaves:
+        return None
+    point = r.leaves[link.slot[1]]
+    mine = _leaf_link(link.slot[1], point)
+    return (point[0], [(point[1], ())]) if mine is not None and mine.key == link.key else None
+
+
+def _slot_value(t: Tracer, side: Side, storage: Storage | None, key: tuple, slot: Slot) -> Value:
+    if storage is not None:
+        return t.storage_value(storage)
+    x = side.leaves[key[1]] if key[0] == "leaf" and key[1] < len(side.leaves) else None
+    if isinstance(x, torch.Tensor):
+        return t.value_of(x)
+    if isinstance(x, numbers.Number):
+        if slot.type.shape == ():
+            return t.scalar(x if slot.type.dtype != torch.bool else bool(x), slot.type.dtype)
+        return t.emit1(Op.FULL, [], shape=slot.type.shape, value=x, dtype=slot.type.dtype)
+    return t.zeros(slot.type)   # this path has nothing there: any value will do
+
+
+def _all(t: Tracer, flags: tuple) -> Value:
+    if not flags:
+        return t.true()
+    value = flags[0]
+    for f in flags[1:]:
+        value = t.emit1(Op.AND, [value, f])
+    return value
+
+
+def _any(t: Tracer, flags: list[Value]) -> Value:
+    value = flags[0]
+    for f in flags[1:]:
+        value = t.emit1(Op.OR, [value, f])
+    return value
+
+
+def _indices(t: Tracer, structure: tuple, ways) -> list[Value]:
+    """The chain's dynamic indices on this side: those of a point's chain, or of the way the
+    side reaches a target whose flags hold (one index per position, chosen at run time)."""
+    if ways is None:
+        return [t.zeros(ty) for ty in _index_types(structure)]
+    if isinstance(ways, tuple):   # a variable's chain
+        return list(chain_dynamic(ways))
+    values = list(chain_dynamic(ways[-1][0]))
+    for chain, flags in reversed(ways[:-1]):
+        mine = chain_dynamic(chain)
+        if any(a is not b for a, b in zip(mine, values)):
+            holds = _all(t, flags)
+            values = [v if a is v else t.emit1(Op.WHERE, [holds, a, v]) for a, v in zip(mine, values)]
+    return values
+
+
+def build(t: Tracer, plan: Plan, values: list[Value], *, region: Region | None = None,
+          outer: Callable[[Storage], Any] = lambda s: (s, ()), origin: str = "local") -> dict[int, Proxy]:
+    """Tensors from the plan's merged values: a storage per slot (linked as planned) and a
+    proxy per variable. `outer` maps the plan's outer storages to (storage, chain) to use."""
+    it = iter(values)
+    storages = {}
+    for key, slot in plan.slots.items():
+        storage = t.new_storage(next(it), origin, slot.meta, region)
+        storage.layout_varies = slot.layout_varies
+        storages[key] = storage
+    flags = [next(it) for _ in plan.links]
+
+    def target(tgt: Target) -> tuple[Storage, Chain]:
+        return (storages[tgt[1]], ()) if tgt[0] == "slot" else outer(tgt[1])
+
+    for link, flag in zip(plan.links.values(), flags):
+        storage, prefix = target(link.target)
+        t.link(storages[link.slot], storage, prefix + _chain(link.structure, it), flag)
+    out = {}
+    for i, leaf in plan.leaves.items():
+        if leaf.kind == "slot":
+            out[i] = t.on(storages[("leaf", i)])
+        else:
+            storage, prefix = target(leaf.target)
+            chain = prefix + _chain(leaf.structure, it)
+            out[i] = t.on(storage, chain, chain_meta(storage.meta, chain))
+    return out
+
+
+def _chain(structure: tuple, values: Iterator[Value]) -> Chain:
+    return tuple(ViewStep(op, attrs, tuple(next(values) for _ in range(n))) for (op, attrs, n) in structure)
+
+
+_META_INDEX = torch.zeros((), dtype=torch.int64, device="meta")
+
+
+def chain_meta(meta: torch.Tensor, chain: Chain) -> torch.Tensor:
+    """The layout a view chain gives (dynamic indices taken as 0: they move the offset only)."""
+    with torch._C.DisableTorchFunction():
+        for step in chain:
+            meta = SEMANTICS[step.op](meta, *(_META_INDEX for _ in step.dynamic), **step.kwargs)
+    return meta

@@ -1,0 +1,240 @@
+"""Differential fuzzing of cocktailer against eager PyTorch, for as long as asked.
+
+    python tests/fuzz/run.py --minutes 10                 # seeds from a random start, 2 workers
+    python tests/fuzz/run.py --programs 5000 --jobs 2 --start 100000 --out fuzz-results
+
+Each program (see gen.py) runs on the reference backend and on `--native` sampled native
+configurations (see harness.CONFIGS), on several input sets, compared with eager on results
+and on the arguments after the call. Programs run in worker processes with a deadline, so a
+hang is caught (and a crash of the process too). Every mismatch, crash and hang is
+minimized and written to OUT as a stand-alone reproducer (`repro_<seed>_<config>.py`);
+OUT/summary.json has the counts, the refusals by reason and each failure.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))   # tests/: `import fuzz`
+
+
+def main(argv=None):
+    args = _parse(argv)
+    if args.worker:
+        return _worker()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = args.start if args.start is not None else random.randrange(10**6, 10**9)
+    report = Report(start)
+    env = {**os.environ, "COCKTAILER_CACHE_DIR": tempfile.mkdtemp(prefix="cocktailer-fuzz-cache-"),
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    workers = [Worker(env) for _ in range(args.jobs)]
+    deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
+    seeds = iter(range(start, start + (args.programs or 10**9)))
+    try:
+        _drive(workers, seeds, deadline, args, report)
+    finally:
+        for w in workers:
+            w.stop()
+    _reproduce(report, out, env, args)
+    report.write(out / "summary.json")
+    print(report.table())
+    return 1 if report.failures else 0
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=None, help="run for this long")
+    p.add_argument("--programs", type=int, default=None, help="or this many programs")
+    p.add_argument("--start", type=int, default=None, help="first seed (default: random)")
+    p.add_argument("--jobs", type=int, default=2, help="worker processes")
+    p.add_argument("--native", type=int, default=1, help="native configurations per program")
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds one program may take (then: a hang)")
+    p.add_argument("--out", default="fuzz-results", help="where reproducers and summary.json go")
+    p.add_argument("--no-minimize", action="store_true", help="write failing programs as they are")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if not args.worker and args.minutes is None and args.programs is None:
+        p.error("give --minutes or --programs")
+    return args
+
+
+class Worker:
+    """A process that runs programs it is sent (one JSON request per line, one reply per line)."""
+
+    def __init__(self, env: dict):
+        self.env = env
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "run.py"), "--worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self.env, text=True,
+                                     bufsize=1)
+        self.job, self.since = None, None
+
+    def send(self, job: dict):
+        self.job, self.since = job, time.monotonic()
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+    def stop(self):
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        except Exception:
+            pass
+
+
+def _drive(workers, seeds, deadline, args, report):
+    selector = selectors.DefaultSelector()
+    for w in workers:
+        selector.register(w.proc.stdout, selectors.EVENT_READ, w)
+    finished = False
+    while True:
+        for w in workers:
+            if w.job is None and not finished:
+                if deadline is not None and time.monotonic() > deadline:
+                    finished = True
+                    continue
+                seed = next(seeds, None)
+                if seed is None:
+                    finished = True
+                    continue
+                w.send({"check": seed, "native": args.native})
+        if finished and all(w.job is None for w in workers):
+            return
+        for key, _ in selector.select(timeout=1.0):
+            w = key.data
+            line = w.proc.stdout.readline()
+            if not line:   # the worker died: a crash of the process
+                report.add_dead(w.job["check"], "the worker process died")
+                selector.unregister(w.proc.stdout)
+                w.restart()
+                selector.register(w.proc.stdout, selectors.EVENT_READ, w)
+                continue
+            report.add(json.loads(line))
+            w.job = None
+        for w in workers:
+            if w.job is not None and time.monotonic() - w.since > args.timeout:
+                report.add_dead(w.job["check"], f"no answer in {args.timeout:.0f} s (a hang)", status="hang")
+                selector.unregister(w.proc.stdout)
+                w.restart()
+                selector.register(w.proc.stdout, selectors.EVENT_READ, w)
+
+
+def _worker():
+    """Reads requests, runs them, writes results: {"check": seed} or {"minimize": ...}."""
+    import warnings
+    warnings.simplefilter("ignore")
+    from fuzz.gen import generate
+    from fuzz.harness import check, configs_for
+    from fuzz.minimize import minimize, write_reproducer
+    for line in sys.stdin:
+        job = json.loads(line)
+        if "check" in job:
+            seed = job["check"]
+            program = generate(seed)
+            outcomes = [check(program, config).to_json() for config in configs_for(seed, job["native"])]
+            reply = {"seed": seed, "outcomes": outcomes}
+        else:
+            from fuzz.harness import Outcome
+            program = generate(job["minimize"])
+            failure = Outcome(**job["outcome"])
+            small = program if job.get("as_is") else minimize(program, job["config"], failure)
+            path = write_reproducer(small, job["config"], failure.detail, Path(job["out"]))
+            reply = {"reproducer": str(path)}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+def _reproduce(report, out, env, args):
+    """A minimized reproducer per mismatch and crash (a hang is written as it is)."""
+    for failure in report.failures:
+        worker = Worker(env)
+        job = {"minimize": failure["seed"], "config": failure["config"], "outcome": failure, "out": str(out),
+               "as_is": args.no_minimize or failure["status"] == "hang"}
+        worker.send(job)
+        reply = _read_with_timeout(worker, 900)
+        failure["reproducer"] = json.loads(reply)["reproducer"] if reply else None
+        worker.stop()
+
+
+def _read_with_timeout(worker: Worker, seconds: float) -> str | None:
+    selector = selectors.DefaultSelector()
+    selector.register(worker.proc.stdout, selectors.EVENT_READ)
+    return worker.proc.stdout.readline() if selector.select(timeout=seconds) else None
+
+
+class Report:
+    def __init__(self, start: int):
+        self.start = start
+        self.programs = 0
+        self.by_program = collections.Counter()    # each program's verdict over its configurations
+        self.by_config = collections.defaultdict(collections.Counter)
+        self.refusals = collections.Counter()
+        self.failures: list[dict] = []
+        self.began = time.monotonic()
+
+    def add(self, reply: dict):
+        self.programs += 1
+        statuses = [o["status"] for o in reply["outcomes"]]
+        for o in reply["outcomes"]:
+            self.by_config[o["config"]][o["status"]] += 1
+            if o["status"] in ("mismatch", "crash"):
+                self.failures.append(o)
+        reference = reply["outcomes"][0]
+        if reference["status"] == "refused":
+            self.refusals[reference["reason"]] += 1
+        worst = next((s for s in ("crash", "mismatch", "invalid", "refused") if s in statuses), "ok")
+        self.by_program["accepted" if worst in ("ok", "crash", "mismatch") else worst] += 1
+        for s in ("mismatch", "crash"):
+            if s in statuses:
+                self.by_program[s] += 1
+
+    def add_dead(self, seed: int, why: str, status: str = "crash"):
+        self.programs += 1
+        self.by_program[status if status == "hang" else "crash"] += 1
+        self.failures.append({"seed": seed, "config": "reference", "status": status, "detail": why, "reason": "",
+                              "sets": 0})
+
+    def write(self, path: Path):
+        path.write_text(json.dumps({
+            "start_seed": self.start, "programs": self.programs, "seconds": round(time.monotonic() - self.began),
+            "programs_by_verdict": dict(self.by_program), "by_config": {k: dict(v) for k, v in self.by_config.items()},
+            "refusals_by_reason": dict(self.refusals.most_common()), "failures": self.failures}, indent=1))
+
+    def table(self) -> str:
+        valid = self.programs - self.by_program["invalid"]
+        lines = [f"seeds {self.start}..{self.start + self.programs - 1}: {self.programs} programs in "
+                 f"{time.monotonic() - self.began:.0f} s",
+                 f"  valid (eager runs them): {valid}; accepted: {self.by_program['accepted']}; "
+                 f"refused: {self.by_program['refused']}; invalid: {self.by_program['invalid']}",
+                 f"  mismatches: {self.by_program['mismatch']}; crashes: {self.by_program['crash']}; "
+                 f"hangs: {self.by_program['hang']}", "  per configuration:"]
+        for config, counts in sorted(self.by_config.items()):
+            lines.append(f"    {config:14s} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        if self.refusals:
+            lines.append("  refusals by reason:")
+            lines += [f"    {n:5d}  {reason}" for reason, n in self.refusals.most_common()]
+        for f in self.failures:
+            lines.append(f"  FAILED seed {f['seed']} {f['config']} {f['status']}: {f['detail'].splitlines()[0][:150]}"
+                         + (f" -> {f['reproducer']}" if f.get("reproducer") else ""))
+        return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,439 @@
+"""PyTorch's aliasing and in-place semantics, in every backend: views share memory with what
+they view, in-place writes reach every alias (through loops, branches, recursive calls and
+returns), writes into inputs, parameters and buffers happen as in eager, and results alias
+the caller's tensors exactly where eager's do. Each test compares the results and the
+arguments after the call with eager PyTorch (tests/utils.assert_matches_eager)."""
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import cocktailer
+from utils import assert_matches_eager, backends_under_test, randn
+
+
+# -- the shapes of wrong answers found by differential fuzzing -----------------------------------
+
+def early_return_then_add(s, c):
+    if c > 0:
+        return s
+    s += s          # an early return makes a tensor `if`; the write is on the path that goes on
+    return s
+
+
+def test_write_after_an_early_return():
+    assert_matches_eager(early_return_then_add, [(randn(3, seed=0), torch.tensor(-1.0)),
+                                                 (randn(3, seed=1), torch.tensor(1.0))])
+
+
+def plus_equals_on_an_alias_in_a_loop(h, v, n):
+    s = h
+    for _ in range(n):
+        s += v      # `+=` writes s's memory, which is h's
+    return h, s
+
+
+def test_plus_equals_is_an_in_place_write_reaching_aliases():
+    assert_matches_eager(plus_equals_on_an_alias_in_a_loop,
+                         [(randn(3, seed=0), randn(3, seed=1), torch.tensor(k)) for k in (0, 1, 3)])
+
+
+def alias_made_in_a_loop(x, n):
+    s = x[0]
+    for i in range(n):
+        s = x[i]
+    s += 100.0      # x[n-1] (or x[0] when the loop did not run)
+    return x
+
+
+def alias_made_in_a_branch(x, c):
+    if c > 0:
+        s = x[1]
+    else:
+        s = x[2]
+    s *= -1.0
+    return x
+
+
+def test_alias_made_inside_a_loop_or_branch_and_written_after():
+    assert_matches_eager(alias_made_in_a_loop, [(randn(4, 3, seed=0), torch.tensor(k)) for k in (0, 1, 3)])
+    assert_matches_eager(alias_made_in_a_branch, [(randn(4, 3, seed=0), torch.tensor(c)) for c in (1.0, -1.0)])
+
+
+def returns_a_clone_and_writes_the_input(x):
+    y = x.clone()
+    x.add_(1.0)
+    return y
+
+
+def test_a_returned_clone_is_not_the_written_input():
+    for backend in backends_under_test():
+        x = randn(3, seed=0)
+        fast = cocktailer.compile(returns_a_clone_and_writes_the_input, (x.clone(),), backend=backend)
+        before = x.clone()
+        y = fast(x)
+        assert torch.equal(y, before) and torch.equal(x, before + 1)
+        assert y.data_ptr() != x.data_ptr()
+
+
+class RecursionWritesThroughResult(nn.Module):
+    """A leaf's result is a view of `inp`; writing into it writes `inp`."""
+
+    def __init__(self, hidden=4):
+        super().__init__()
+        self.encoder = nn.Linear(2 * hidden, hidden)
+
+    def forward(self, left, right, is_leaf, inp, root):
+        if is_leaf[root]:
+            return inp[root]
+        l = self.forward(left, right, is_leaf, inp, left[root])
+        l += 1.0
+        r = self.forward(left, right, is_leaf, inp, right[root])
+        return torch.tanh(self.encoder(torch.cat([l, r], -1)))
+
+
+class RecursionWritesItsArgument(nn.Module):
+    def forward(self, left, right, is_leaf, acc, root):
+        if is_leaf[root]:
+            acc[root] += 1.0
+            return acc[root] * 2
+        a = self.forward(left, right, is_leaf, acc, left[root])
+        b = self.forward(left, right, is_leaf, acc, right[root])
+        acc[root] = a.sum() + b.sum()
+        return a + b
+
+
+def _trees():
+    """A 5-node tree (0 -> 1, 2; 1 -> 3, 4) and a single leaf."""
+    five = (torch.tensor([1, 3, -1, -1, -1]), torch.tensor([2, 4, -1, -1, -1]),
+            torch.tensor([False, False, True, True, True]))
+    return [five + (randn(5, 4, seed=0), torch.tensor(0)), five + (randn(5, 4, seed=1), torch.tensor(2))]
+
+
+def test_recursive_call_result_that_views_an_input_is_written_through():
+    torch.manual_seed(0)
+    assert_matches_eager(RecursionWritesThroughResult(), _trees())
+
+
+def test_recursive_function_writes_into_its_argument():
+    assert_matches_eager(RecursionWritesItsArgument(), _trees())
+
+
+def list_grows_in_a_tensor_loop(x, n):
+    outs = []
+    i = 0
+    while i < n:
+        outs.append(x * i)
+        i += 1
+    return torch.tensor(len(outs))
+
+
+def test_python_list_growing_in_a_tensor_loop_is_refused():
+    with pytest.raises(cocktailer.UnsupportedError, match="outs.*structure|structure.*outs"):
+        cocktailer.capture(list_grows_in_a_tensor_loop, (randn(3, seed=0), torch.tensor(3)))
+
+
+def tuple_return_in_a_tensor_loop(x, n):
+    for _ in range(n):
+        x = x * 2
+        if x.sum() > 10:
+            return x, x + 1
+    return x, x - 1
+
+
+def test_tuple_return_inside_a_tensor_loop():
+    assert_matches_eager(tuple_return_in_a_tensor_loop, [(torch.ones(3), torch.tensor(k)) for k in (0, 1, 5)])
+
+
+def write_through_a_view_in_a_tensor_if(x, c):
+    if c > 0:
+        v = x[0]
+        v += 1.0
+    return x
+
+
+def test_write_through_a_view_inside_a_tensor_if():
+    assert_matches_eager(write_through_a_view_in_a_tensor_if, [(randn(2, 3, seed=0), torch.tensor(c))
+                                                               for c in (1.0, -1.0)])
+
+
+# -- variables that may or may not be another tensor ------------------------------------------
+
+def maybe_the_input(x, c):
+    s = x
+    if c > 0:
+        s = s * 2
+    s += 1.0        # writes x only when the branch was not taken
+    return s, x
+
+
+def maybe_one_of_two(a, b, c):
+    s = a if c > 0 else b
+    s.mul_(3.0)
+    return a, b
+
+
+def loop_rebinds_after_writing(h, xs):
+    for t in range(xs.shape[0]):
+        h += xs[t]            # the first iteration writes the caller's h
+        h = torch.tanh(h)
+    return h
+
+
+def previous_and_current(x, n):
+    prev, cur = x, x * 2
+    for _ in range(n):
+        prev, cur = cur, cur + prev
+        prev.add_(0.5)        # cur of the last iteration (x itself when the loop does not run)
+    return prev, cur, x
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (maybe_the_input, [(randn(3, seed=0), torch.tensor(c)) for c in (1.0, -1.0)]),
+    (maybe_one_of_two, [(randn(3, seed=0), randn(3, seed=1), torch.tensor(c)) for c in (1.0, -1.0)]),
+    (loop_rebinds_after_writing, [(randn(3, seed=0), randn(k, 3, seed=1)) for k in (0, 1, 4)]),
+    (previous_and_current, [(randn(3, seed=0), torch.tensor(k)) for k in (0, 1, 4)]),
+], ids=["maybe_the_input", "maybe_one_of_two", "loop_rebinds_after_writing", "previous_and_current"])
+def test_path_dependent_aliases(fn, inputs):
+    assert_matches_eager(fn, inputs)
+
+
+# -- views and the ops that return their input --------------------------------------------------
+
+def reshape_views_or_copies(x):
+    a = x.reshape(-1)          # contiguous: a view
+    a[0] = 100.0
+    z = x.t() * 2              # keeps the transposed layout
+    w = z.reshape(-1)          # not viewable: a copy
+    w += 1.0
+    return x, z
+
+
+def data_and_detach_alias(x):
+    x.data[0] = 7.0
+    x.detach()[1] = 8.0
+    return x
+
+
+def contiguous_and_to_return_self(x):
+    y = x.contiguous()         # x itself
+    y += 1.0
+    z = x.to(torch.float32)    # x itself
+    z *= 2.0
+    c = x.t().contiguous()     # a copy
+    c += 100.0
+    return x, c
+
+
+def item_and_clone_copy(x):
+    v = x.item()
+    c = x.clone()
+    x += 1.0
+    return x * 0 + v, c
+
+
+def splits_and_unbind_are_views(x):
+    a, b = x.chunk(2)
+    a += 1.0
+    r0, r1 = b.unbind(0)
+    r1 *= 0.0
+    x.narrow(1, 0, 1).fill_(-1.0)
+    return x
+
+
+def cat_of_one_copies(x):
+    y = torch.cat([x])
+    y += 1.0
+    return x, y
+
+
+@pytest.mark.parametrize("fn, make", [
+    (reshape_views_or_copies, lambda s: (randn(3, 4, seed=s),)),
+    (data_and_detach_alias, lambda s: (randn(3, seed=s),)),
+    (contiguous_and_to_return_self, lambda s: (randn(3, 2, seed=s),)),
+    (item_and_clone_copy, lambda s: (randn(1, seed=s),)),
+    (splits_and_unbind_are_views, lambda s: (randn(4, 3, seed=s),)),
+    (cat_of_one_copies, lambda s: (randn(3, seed=s),)),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_views_share_memory_as_in_torch(fn, make):
+    assert_matches_eager(fn, [make(0), make(1)])
+
+
+# -- in-place spellings ---------------------------------------------------------------------------
+
+def inplace_spellings(x, y, m):
+    x += y
+    x *= 2.0
+    x.sub_(y)
+    x[0] = 5.0
+    x[1:3] += 1.0
+    x[m] = -3.0
+    torch.add(x, 1.0, out=y)
+    F.relu(x, inplace=True)
+    nn.LeakyReLU(0.1, inplace=True)(y)
+    x.clamp_(max=4.0)
+    y.copy_(y * 3)
+    return x, y
+
+
+def test_inplace_spellings():
+    assert_matches_eager(inplace_spellings, [(randn(6, seed=s), randn(6, seed=s + 1), randn(6, seed=s + 2) > 0)
+                                             for s in (0, 3)])
+
+
+def copy_casts_any_dtype(x, i):
+    i.copy_(x * 10)            # float into int: truncates, as copy_ does
+    i[0] = 2.7
+    return i
+
+
+def test_copy_and_setitem_cast_like_torch():
+    assert_matches_eager(copy_casts_any_dtype, [(randn(4, seed=0), torch.zeros(4, dtype=torch.int64))])
+
+
+def test_inplace_op_whose_result_torch_cannot_cast_is_refused():
+    def f(i, x):
+        i += x              # int64 += float32: torch raises
+        return i
+    with pytest.raises(cocktailer.UnsupportedError, match="can't be cast"):
+        cocktailer.capture(f, (torch.zeros(3, dtype=torch.int64), torch.ones(3)))
+
+
+def test_writes_torch_refuses_are_refused():
+    with pytest.raises(cocktailer.UnsupportedError, match="expanded"):
+        cocktailer.capture(lambda x: x.expand(3, 4).add_(1.0), (torch.ones(4),))
+    with pytest.raises(cocktailer.UnsupportedError, match="shape in place"):
+        cocktailer.capture(lambda x: x.unsqueeze_(0), (torch.ones(4),))
+
+
+# -- results that alias the caller's tensors --------------------------------------------------------
+
+def returns_views(x):
+    h = x * 2
+    return x, x[1], h, h[0]
+
+
+def test_results_alias_inputs_and_each_other_as_in_eager():
+    for backend in backends_under_test():
+        x = randn(3, 2, seed=0)
+        fast = cocktailer.compile(returns_views, (x,), backend=backend)
+        a, b, h, h0 = fast(x)
+        assert a is x and b._base is x and torch.equal(b, x[1])
+        assert h0._base is h and torch.equal(h, x * 2)
+        h0 += 1.0              # the user's write reaches the view's base, as in eager
+        assert torch.equal(h[0], x[0] * 2 + 1)
+
+
+def returns_input_on_one_path(x, c):
+    if c > 0:
+        return x
+    return x + 1
+
+
+def test_result_that_is_the_input_on_one_path():
+    for backend in backends_under_test():
+        x = randn(3, seed=0)
+        fast = cocktailer.compile(returns_input_on_one_path, (x, torch.tensor(1.0)), backend=backend)
+        assert fast(x, torch.tensor(1.0)) is x
+        y = fast(x, torch.tensor(-1.0))
+        assert y.data_ptr() != x.data_ptr() and torch.equal(y, x + 1)
+
+
+def test_inputs_sharing_memory_run_eagerly_when_the_program_writes():
+    def f(a, b):
+        a += 1.0
+        return b * 2
+    for backend in backends_under_test():
+        x = torch.zeros(3)
+        fast = cocktailer.compile(f, (torch.zeros(3), torch.zeros(3)), backend=backend)
+        with pytest.warns(cocktailer.AliasedInputsWarning):
+            out = fast(x, x)
+        assert torch.equal(out, torch.full((3,), 2.0)) and torch.equal(x, torch.ones(3))
+
+
+# -- parameters and buffers written in place ---------------------------------------------------------
+
+class Counter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("steps", torch.zeros(()))
+        self.register_buffer("cache", torch.zeros(4, 3))
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x, pos):
+        self.steps += 1
+        self.cache[pos] = x              # a KV-cache-style buffer written at a position
+        self.lin.weight.data[0, 0] = 5.0
+        return self.lin(self.cache.sum(0)) * self.steps
+
+
+def test_parameters_and_buffers_written_in_place_as_in_eager():
+    for backend in backends_under_test():
+        torch.manual_seed(0)
+        eager, compiled = Counter(), Counter()
+        compiled.load_state_dict(eager.state_dict())
+        fast = cocktailer.compile(compiled, (randn(3, seed=0), torch.tensor(0)), backend=backend)
+        with torch.no_grad():
+            for k in range(3):
+                x, pos = randn(3, seed=k), torch.tensor(k)
+                torch.testing.assert_close(fast(x, pos), eager(x, pos), rtol=1e-4, atol=1e-5)
+        for name, value in eager.state_dict().items():
+            assert torch.equal(compiled.state_dict()[name], value), name
+
+
+def test_recursive_function_reading_a_written_buffer_is_refused():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.zeros(2))
+
+        def forward(self, is_leaf, root):
+            self.b += 1.0
+            return self.rec(is_leaf, root)
+
+        def rec(self, is_leaf, root):
+            if is_leaf[root]:
+                return self.b * 1
+            return self.rec(is_leaf, root + 1) + self.b
+    with pytest.raises(cocktailer.UnsupportedError, match="writes in place"):
+        cocktailer.capture(M(), (torch.tensor([False, True]), torch.tensor(0)))
+
+
+def test_recursive_call_writing_an_argument_that_aliases_another_is_refused():
+    class M(nn.Module):
+        def forward(self, is_leaf, a, root):
+            return self.rec(is_leaf, a, a, root)
+
+        def rec(self, is_leaf, a, b, root):
+            if is_leaf[root]:
+                a += 1.0
+                return b * 1
+            return self.rec(is_leaf, a, b, root + 1)
+    with pytest.raises(cocktailer.UnsupportedError, match="shares memory"):
+        cocktailer.capture(M(), (torch.tensor([False, True]), torch.zeros(2), torch.tensor(0)))
+
+
+# -- strides ---------------------------------------------------------------------------------------
+
+def test_reshape_of_a_tensor_whose_layout_depends_on_the_path_is_refused():
+    def f(x, c):
+        y = x.t() if c > 0 else x * 1
+        return y.reshape(-1)
+    with pytest.raises(cocktailer.UnsupportedError, match="layout"):
+        cocktailer.capture(f, (torch.ones(3, 3), torch.tensor(1.0)))
+
+
+def test_non_contiguous_inputs_keep_their_layout():
+    def f(x):
+        y = x.reshape(-1)      # a copy for a transposed input, a view for a contiguous one
+        y += 1.0
+        return x
+    fast = cocktailer.compile(f)
+    for x in (torch.randn(3, 2), torch.randn(2, 3).t()):
+        e, c = x.clone() if x.is_contiguous() else x.clone().t().contiguous().t(), x
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.testing.assert_close(fast(c), f(e))
+        torch.testing.assert_close(c, e)

@@ -1,0 +1,95 @@
+"""Faults that must end cleanly: what a compiled function reads as constants changed after
+compiling (a parameter replaced, new memory under a tensor), and Python arguments mutated
+between calls. Each gives the eager answer on the next call (the program is compiled again
+where needed), never a stale one."""
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn as nn
+
+import cocktailer
+from utils import backends_under_test
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("scale", torch.ones(3))
+
+    def forward(self, x, n):
+        for _ in range(n):
+            x = torch.tanh(self.lin(x)) * self.scale
+        return x
+
+
+def _check(fast, model, *args):
+    with torch.no_grad():
+        torch.testing.assert_close(fast(*args), model(*args), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", backends_under_test())
+@pytest.mark.parametrize("change", ["parameter", "data", "submodule", "buffer", "in_place"])
+def test_replaced_parameters_are_seen(backend, change):
+    torch.manual_seed(0)
+    model = Net().eval()
+    x, n = torch.randn(2, 3), torch.tensor(3)
+    fast = cocktailer.compile(model, (x, n), backend=backend)
+    _check(fast, model, x, n)
+    with torch.no_grad():
+        if change == "parameter":
+            model.lin.weight = nn.Parameter(torch.randn(3, 3))
+        elif change == "data":
+            model.lin.weight.data = torch.randn(3, 3)
+        elif change == "submodule":
+            model.lin = nn.Linear(3, 3)
+        elif change == "buffer":
+            model.scale = torch.full((3,), 0.5)
+        else:
+            model.lin.weight.mul_(-1.0)
+    _check(fast, model, x, n)
+
+
+@dataclass
+class Node:   # eq=True without frozen: unhashable, compared by value
+    value: float
+    children: list
+
+
+class Tree:   # a plain object: hashable by identity, mutated in place by the user
+    def __init__(self, depth):
+        self.depth = depth
+        self.children = []
+
+
+def walk(x, tree):
+    for child in tree.children:   # Python structure, read at capture
+        x = walk(x, child) * 0.5 + 1.0
+    return x + tree.depth
+
+
+def scaled(x, node):
+    return x * node.value + len(node.children)
+
+
+def test_python_object_arguments_are_keyed_by_their_contents():
+    for backend in backends_under_test():
+        fast = cocktailer.compile(walk, backend=backend)
+        x, tree = torch.randn(3), Tree(1)
+        tree.children.append(Tree(2))
+        _check_fn = lambda: torch.testing.assert_close(fast(x, tree), walk(x, tree))
+        _check_fn()
+        tree.children.append(Tree(3))      # the same object, other contents: not the old program
+        _check_fn()
+        tree.children[0].depth = 7
+        _check_fn()
+        cyclic = Tree(0)
+        cyclic.parent = cyclic             # a cycle in the object graph is keyed, not followed forever
+        torch.testing.assert_close(fast(x, cyclic), walk(x, cyclic))
+
+        node = Node(2.0, [])
+        fast2 = cocktailer.compile(scaled, backend=backend)
+        torch.testing.assert_close(fast2(x, node), scaled(x, node))
+        node.value, node.children = 3.0, [1, 2]
+        torch.testing.assert_close(fast2(x, node), scaled(x, node))

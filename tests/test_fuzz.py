@@ -1,0 +1,43 @@
+"""Differential fuzzing on fixed seeds (the generator and harness are in tests/fuzz).
+
+Every generated program, compiled by the reference backend, and every fourth one also by a
+native configuration its seed picks (workers, unroll, fan-out, wavefront, the host backend),
+gives eager PyTorch's results and leaves its arguments (and a module's parameters and
+buffers) as eager does, on several input sets that take different paths; or it is refused
+with an UnsupportedError at the program's own line. Never a different answer, never another
+exception. `python tests/fuzz/run.py --minutes N` runs the same for as long as asked, on new
+seeds and every configuration (the measured policy too), minimizing each failure into a
+stand-alone reproducer.
+"""
+import collections
+
+from fuzz.gen import generate
+from fuzz.harness import check, configs_for
+
+SEEDS = range(100)
+NATIVE_EVERY = 4
+
+
+def _configs(seed: int) -> list[str]:
+    configs = configs_for(seed)
+    native = [c for c in configs[1:] if c != "cpu-measured"] or ["cpu"]   # the measured policy: run.py
+    return ["reference"] + (native if seed % NATIVE_EVERY == 0 else [])
+
+
+def test_programs_agree_with_eager_or_are_refused_at_their_line():
+    failures, verdicts = [], collections.Counter()
+    for seed in SEEDS:
+        program = generate(seed)
+        for config in _configs(seed):
+            outcome = check(program, config)
+            if config == "reference":
+                verdicts[outcome.status] += 1
+            if outcome.status in ("mismatch", "crash"):
+                failures.append(f"seed {seed} [{config}] {outcome.status}: {outcome.detail[:2000]}")
+            elif outcome.status == "refused" and "fuzz_" not in outcome.detail.splitlines()[0]:
+                failures.append(f"seed {seed}: a refusal that does not name the program's line: {outcome.detail}")
+    assert not failures, "\n\n".join(failures) + \
+        "\n\n(tests/fuzz/minimize.py shrinks one: minimize(generate(seed), config, outcome))"
+    # a fuzzer that only meets refusals tests nothing: most valid programs must compile
+    valid = sum(verdicts.values()) - verdicts["invalid"]
+    assert verdicts["ok"] >= 0.8 * valid, dict(verdicts)
