@@ -29,6 +29,10 @@ class TunedProgram:
     def trials(self):
         return self.record.trials
 
+    @property
+    def fresh_outputs(self) -> bool:
+        return getattr(self.chosen, "fresh_outputs", False)
+
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return self.chosen(inputs)
 

@@ -98,6 +98,8 @@ class CompiledProgram:
     tensors bound by pointer; the scratch arena, the recursion stack and per-worker loop
     counters are allocated once per thread and reused, so calls are thread-safe."""
 
+    fresh_outputs = True   # every output is a tensor of its own, allocated by the call
+
     def __init__(self, handle: ctypes.CDLL, library: str, entry: Entry, workers: int, max_depth: int,
                  record=None):
         self.library = library
