@@ -69,8 +69,7 @@ def run(config: RunConfig, zoo: tuple[Callable, Callable] | None = None, progres
     pool = all_systems() + (step_systems() if config.systems else [])   # the steps only when named
     systems = select(pool, config.systems)
     if config.baseline:
-        plain = [s.backend for s in systems if s.name == f"cocktailer:{s.backend}"]
-        systems += baseline_systems(config.baseline, plain)
+        systems += baseline_systems(config.baseline, systems)
     if config.quick and not config.systems:
         systems = quick_selection(systems)
     store = ResultStore(config.out / "results.json", _run_info(config), fresh=config.fresh)

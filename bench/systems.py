@@ -45,6 +45,7 @@ class System:
     packages: tuple[str, ...] = ()              # importable names the peer needs
     backend: str | None = None                  # the cocktailer backend (OURS, TRACED)
     traced: str | None = None                   # the traced graph its time is compared with
+    options: dict | None = None                 # OURS: cocktailer.compile's options
 
     def require(self):
         for package in self.packages:
@@ -94,24 +95,27 @@ STEPS = [
 
 
 def step_systems() -> list[System]:
-    return [System(name, OURS, _cocktailer(backend, options), backend=backend) for name, backend, options in STEPS]
+    return [System(name, OURS, _cocktailer(backend, options), backend=backend, options=options)
+            for name, backend, options in STEPS]
 
 
-def baseline_systems(ref: str, backends: list[str]) -> list[System]:
-    """`cocktailer:<backend>@<ref>`: the same compile in the cocktailer of commit `ref`, run by
-    a process of its own (bench/peer.py) and timed there, interleaved with this one's."""
+def baseline_systems(ref: str, systems: list[System]) -> list[System]:
+    """`<system>@<ref>` for each cocktailer system: the same compile in the cocktailer of
+    commit `ref`, run by a process of its own (bench/peer.py) and timed there, interleaved
+    with this one's."""
     from bench.peer import Peer
     peer: list = []
 
-    def prepare(backend: str, subject: Subject) -> Prepared:
+    def prepare(system: System, subject: Subject) -> Prepared:
         if not peer:
             peer.append(Peer(ref, str(machine.REPO)))
         model, batch, size, seed = subject.origin
-        peer[0].ask("prepare", model, batch, size, seed, backend, None)
+        peer[0].ask("prepare", model, batch, size, seed, system.backend, system.options)
         run = lambda: peer[0].ask("run")   # noqa: E731
         run.reports_seconds = True          # timed in the peer process: no pipe in the number
         return Prepared(run, to_result=lambda _: peer[0].ask("output"))
-    return [System(f"cocktailer:{b}@{ref}", OURS, functools.partial(prepare, b), backend=b) for b in backends]
+    return [System(f"{s.name}@{ref}", OURS, functools.partial(prepare, s), backend=s.backend, options=s.options)
+            for s in systems if s.kind == OURS]
 
 
 def select(systems: list[System], wanted: list[str] | None) -> list[System]:
