@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import statistics
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -52,10 +54,10 @@ class Workers:
     barriers may wait out each other's time slices (a 2-worker LSTM beside one busy process
     took 600 ms a call, 13 ms on one worker), or may still beat fewer workers (an attention
     decoder: 5.5 ms on 2, 8.5 ms on 1). So while contended, each call runs on whichever of all
-    or half the workers has been faster lately, and the other is tried again now and then,
-    after a wait that doubles each time it loses and is at least PROBE_COST times what it took
-    (so trying costs a few percent). A call on all workers that no preemption disturbed ends
-    the contention."""
+    or half the workers has been faster lately (the median of its last three contended calls),
+    and the other is tried again now and then, after a wait that doubles each time it loses
+    and is at least PROBE_COST times what it took (so trying costs a few percent). A call on
+    all workers that no preemption disturbed ends the contention."""
 
     FIRST_WAIT, MAX_WAIT = 0.05, 30.0   # seconds before the slower count is tried again
     PROBE_COST = 20
@@ -64,15 +66,20 @@ class Workers:
         self.most, self.fewer = most, max(1, most // 2)
         self.adaptive = adaptive and most > 1
         self.contended = False
-        self.seconds: dict[int, float] = {}   # worker count -> recent seconds of a contended call
+        self.recent: dict[int, deque] = {}   # worker count -> seconds of its last contended calls
         self.wait, self.retry_at = self.FIRST_WAIT, 0.0
+
+    def _best(self) -> int:
+        """The count whose last few contended calls had the lower median (one slow or lucky
+        call does not decide)."""
+        return min(self.recent, key=lambda n: statistics.median(self.recent[n]))
 
     def choose(self) -> int:
         if not self.contended:
             return self.most
-        best = min(self.seconds, key=self.seconds.get)
+        best = self._best()
         other = self.fewer if best == self.most else self.most
-        return other if other not in self.seconds or time.monotonic() >= self.retry_at else best
+        return other if other not in self.recent or time.monotonic() >= self.retry_at else best
 
     def report(self, used: int, preempted: int, seconds: float):
         if not self.adaptive:
@@ -81,15 +88,15 @@ class Workers:
             self.contended = False
             return
         self.contended = True
-        best_before = min(self.seconds, key=self.seconds.get) if self.seconds else used
-        last = self.seconds.get(used)
-        self.seconds[used] = seconds if last is None else (last + seconds) / 2
-        best = min(self.seconds, key=self.seconds.get)
+        best_before = self._best() if self.recent else used
+        self.recent.setdefault(used, deque(maxlen=3)).append(seconds)
+        best = self._best()
         if used != best:   # the count tried lost: try it later, later each time it loses
             self.wait = min(max(2 * self.wait, self.PROBE_COST * seconds), self.MAX_WAIT)
             self.retry_at = time.monotonic() + self.wait
         elif best != best_before:   # it won: it runs now, the other is tried after the wait
-            self.wait = min(max(self.wait, self.PROBE_COST * self.seconds[best_before]), self.MAX_WAIT)
+            self.wait = min(max(self.wait, self.PROBE_COST * statistics.median(self.recent[best_before])),
+                            self.MAX_WAIT)
             self.retry_at = time.monotonic() + self.wait
 
 
