@@ -157,19 +157,23 @@ class _Aligned:
         return tuple(pytree.unflatten(spec, [leaf(kind, v) for kind, v in entries]) for spec, entries in self.parts)
 
 
-def _align_branches(names: Sequence[str], outs: list[tuple]) -> _Aligned:
+def _align_branches(names: Sequence[str], outs: list[tuple], dead: int | None = None) -> _Aligned:
+    """`dead`: the branch on which variables are dead (the function returned there): where it
+    differs from the other, a variable takes the other's value, with filler there."""
     aligned = _Aligned(leaves=[[] for _ in outs])
     for k, name in enumerate(names):
         values = [out[k] for out in outs]
+        fill = name.startswith(RETURN_VALUE)   # where unassigned: filler of the assigned structure
+        if dead is not None and not name.startswith(INTERNAL_PREFIX) and not _same_python(*values):
+            values[dead], fill = Undefined(name), True
         undefined = [isinstance(v, Undefined) for v in values]
         if any(undefined) and not all(undefined):
-            if not name.startswith(RETURN_VALUE):
+            if not fill:
                 aligned.parts.append((pytree.LEAF, [("undefined", name)]))
                 continue
             if all(v is None for v in values if not isinstance(v, Undefined)):   # a bare `return`: None
                 aligned.parts.append((pytree.LEAF, [("fixed", None)]))
                 continue
-            # the path that has not returned yet holds filler of the returned structure
             shape = next(v for v in values if not isinstance(v, Undefined))
             values = [pytree.tree_map(lambda _, u=v: u, shape) if isinstance(v, Undefined) else v for v in values]
         flat = [pytree.flatten(v) for v in values]
@@ -179,8 +183,7 @@ def _align_branches(names: Sequence[str], outs: list[tuple]) -> _Aligned:
         for xs in zip(*(leaves for leaves, _ in flat)):
             if all(_same_python(xs[0], x) for x in xs[1:]):
                 entries.append(("fixed", xs[0]))
-            elif any(isinstance(x, Undefined) for x in xs) and \
-                    (not name.startswith(RETURN_VALUE) or all(isinstance(x, Undefined) for x in xs)):
+            elif any(isinstance(x, Undefined) for x in xs) and (not fill or all(isinstance(x, Undefined) for x in xs)):
                 entries.append(("undefined", name))
             else:
                 entries.append(("merged", len(aligned.names)))
@@ -205,13 +208,17 @@ def _outside(t: Tracer, *regions: Region):
 
 # -- if ------------------------------------------------------------------------------------
 
-def if_stmt(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Sequence[str], loc, in_place=()):
+def if_stmt(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Sequence[str], loc, in_place=(),
+            returned=False):
+    """`returned`: the else path is where the function has already returned (the guard of
+    what follows a `return`): variables are dead there, and may take another shape here."""
     if not is_proxy(test):
         return then_fn(*state) if test else else_fn(*state)
-    return _update_originals(state, _trace_if(test, then_fn, else_fn, state, names, loc), names, in_place)
+    return _update_originals(state, _trace_if(test, then_fn, else_fn, state, names, loc, returned), names,
+                             in_place)
 
 
-def _trace_if(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Sequence[str], loc):
+def _trace_if(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Sequence[str], loc, returned=False):
     t = context.tracer()
     cond = condition_value(t, test)
     regions, outs, ends, written = [], [], [], {}
@@ -224,7 +231,7 @@ def _trace_if(test, then_fn: Callable, else_fn: Callable, state: tuple, names: S
         ends.append(t.state_of(writes))
         t.set_state(writes)      # the other branch starts from the same state
         written.update(dict.fromkeys(writes))
-    aligned = _align_branches(names, outs)
+    aligned = _align_branches(names, outs, dead=1 if returned else None)
     sides = [_side(t, region, leaves, end) for region, leaves, end in zip(regions, aligned.leaves, ends)]
     merged = list(range(len(aligned.names)))
     plan, resolved = make_plan(sides, merged, aligned.names, _outside(t, *regions))
@@ -278,7 +285,7 @@ def while_stmt(cond_fn: Callable, body_fn: Callable, state: tuple, names: Sequen
 
 
 def for_stmt(iterable, body_fn: Callable, cond_fn: Callable | None, state: tuple, names: Sequence[str], key,
-             in_place=(), rebound=()):
+             in_place=(), rebound=(), returned=False):
     eager = getattr(context.current(), "eager", False)   # running the program as plain Python
     t = None if eager else context.tracer()
     if not eager and isinstance(iterable, (range, SymRange)) and key not in t.hints["unroll"]:
@@ -300,7 +307,8 @@ def for_stmt(iterable, body_fn: Callable, cond_fn: Callable | None, state: tuple
                 break
             state = body_fn(item, *state)
         else:
-            state = if_stmt(test, lambda *s, item=item: body_fn(item, *s), lambda *s: s, state, names, key, in_place)
+            state = if_stmt(test, lambda *s, item=item: body_fn(item, *s), lambda *s: s, state, names, key, in_place,
+                            returned)
     return state
 
 
@@ -497,6 +505,8 @@ def call(f, *args, **kwargs):
         return _cast_builtin(f, args[0])
     if f in (max, min) and len(args) == 2 and not kwargs and any(is_proxy(a) for a in args):
         return torch.maximum(*_as_tensors(args)) if f is max else torch.minimum(*_as_tensors(args))
+    if f is torch.autograd.Variable and args and is_proxy(args[0]):   # legacy: the same memory, detached
+        return context.tracer().alias(args[0])
     return context.current().call(f, args, kwargs)
 
 

@@ -261,7 +261,9 @@ class _Jumps:
             if flags:
                 rest = self.block(stmts[i + 1:], loop)
                 if rest:
-                    out.append(ast.copy_location(ast.If(_not_any(flags), rest, []), stmts[i + 1]))
+                    guard = ast.copy_location(ast.If(_not_any(flags), rest, []), stmts[i + 1])
+                    guard.ct_returned = flags == {RET_SET}   # its else path has returned: its variables are dead
+                    out.append(guard)
                 break
         return out
 
@@ -318,6 +320,7 @@ class _Jumps:
             s.test = _and(stop, s.test)
         else:
             s.ct_cond = stop      # read by functionalize
+            s.ct_returned = flags == {RET_SET}
         orelse, s.orelse = self.block(s.orelse, outer), []
         pre = [ast.copy_location(_assign(brk, _const(False)), s)] if has_break else []
         post = []
@@ -372,18 +375,19 @@ class _Functionalize:
         needed = live_out | _uses_kills(s.body)[0] | _uses_kills(s.orelse)[0]
         state = self._state(self._changed(s.body + s.orelse), needed)
         ret = ast.Return(_tuple(state, ast.Load))
-        then_fn = _def(f"{P}then_{n}", state, self.block(s.body, set(state)) + [ret])
-        else_fn = _def(f"{P}else_{n}", state, self.block(s.orelse, set(state)) + [ret])
+        then_fn = _construct_def(f"{P}then_{n}", state, self.block(s.body, set(state)) + [ret])
+        else_fn = _construct_def(f"{P}else_{n}", state, self.block(s.orelse, set(state)) + [ret])
         call = _call(_ct("if_stmt"), s.test, _load(then_fn.name), _load(else_fn.name), _tuple(state, ast.Load),
-                     _const(tuple(state)), _const(self.src.key(s)), _const(tuple(_updated_in_place(s.body + s.orelse))))
+                     _const(tuple(state)), _const(self.src.key(s)), _const(tuple(_updated_in_place(s.body + s.orelse))),
+                     _const(getattr(s, "ct_returned", False)))
         return self._emit(s, state, [then_fn, else_fn], call)
 
     def while_(self, s: ast.While, live_out: set[str]) -> list[ast.stmt]:
         n = next(self.ids)
         needed = live_out | _uses_kills(s.body)[0] | _loads(s.test)
         state = self._state(self._changed(s.body), needed)
-        cond_fn = _def(f"{P}cond_{n}", state, [ast.Return(s.test)])
-        body_fn = _def(f"{P}body_{n}", state, self.block(s.body, set(state) | _loads(s.test)) +
+        cond_fn = _construct_def(f"{P}cond_{n}", state, [ast.Return(s.test)])
+        body_fn = _construct_def(f"{P}body_{n}", state, self.block(s.body, set(state) | _loads(s.test)) +
                        [ast.Return(_tuple(state, ast.Load))])
         call = _call(_ct("while_stmt"), _load(cond_fn.name), _load(body_fn.name), _tuple(state, ast.Load),
                      _const(tuple(state)), _const(self.src.key(s)), _const(tuple(_updated_in_place(s.body))),
@@ -401,12 +405,12 @@ class _Functionalize:
         state = self._state(self._changed(s.body) - targets, needed)
         item = f"{P}item_{n}"
         bind = ast.Assign([s.target], _load(item))
-        body_fn = _def(f"{P}body_{n}", [item] + state,
+        body_fn = _construct_def(f"{P}body_{n}", [item] + state,
                        [bind] + self.block(s.body, set(state)) + [ast.Return(_tuple(state, ast.Load))])
         defs = [body_fn]
         cond_arg = _const(None)
         if cond is not None:
-            cond_fn = _def(f"{P}cond_{n}", state, [ast.Return(cond)])
+            cond_fn = _construct_def(f"{P}cond_{n}", state, [ast.Return(cond)])
             defs.append(cond_fn)
             cond_arg = _load(cond_fn.name)
         iterable = s.iter
@@ -414,8 +418,17 @@ class _Functionalize:
             iterable = ast.Call(_ct("range_"), iterable.args, iterable.keywords)
         call = _call(_ct("for_stmt"), iterable, _load(body_fn.name), cond_arg, _tuple(state, ast.Load),
                      _const(tuple(state)), _const(self.src.key(s)), _const(tuple(_updated_in_place(s.body))),
-                     _const(tuple(_rebound(s.body))))
+                     _const(tuple(_rebound(s.body))), _const(getattr(s, "ct_returned", False)))
         return self._emit(s, state, defs, call)
+
+
+def _construct_def(name: str, params: list[str], body: list[ast.stmt]) -> ast.FunctionDef:
+    """A construct's branch or body as a function. The names it assigns are its locals:
+    they start unassigned, as the converted function's own do, so that a construct nested
+    in it can hand them on (`if c: out = f(x) else: out = g(x)` inside a loop body)."""
+    fresh = sorted(_stores(body) - set(params))
+    init = [_assign(n, _call(_ct("undefined"), _const(n))) for n in fresh]
+    return _def(name, params, init + body)
 
 
 # -- pass 3: expressions -------------------------------------------------------------------------

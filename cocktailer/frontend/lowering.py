@@ -186,14 +186,16 @@ def _has_tensor(tree) -> bool:
 # -- entry point ---------------------------------------------------------------------
 
 _METADATA = {"dim", "size", "numel", "nelement", "ndimension", "is_floating_point", "is_complex",
-             "element_size", "get_device", "is_contiguous", "__len__", "__hash__", "__format__",
-             "__repr__", "__str__", "has_names", "is_signed", "_is_view", "storage_offset", "stride",
-             "__reduce_ex__", "__dir__", "__sizeof__", "data_ptr"}
+             "element_size", "get_device", "is_contiguous", "__len__", "__hash__", "__repr__", "has_names",
+             "is_signed", "_is_view", "storage_offset", "stride", "__reduce_ex__", "__dir__", "__sizeof__",
+             "data_ptr"}
 
 
-# Python asks for the value: only possible when it is known at capture (see Tracer.concretize).
+# Python asks for the value: only possible when it is known at capture (see Tracer.concretize):
+# a loop index formatted into a name (`getattr(self, f"layer{i}")`) unrolls the loop.
 _CONCRETE = {"__bool__": "bool()", "__int__": "int()", "__float__": "float()", "__index__": "an index",
-             "__complex__": "complex()", "tolist": ".tolist()", "numpy": ".numpy()", "__array__": "a numpy array"}
+             "__complex__": "complex()", "tolist": ".tolist()", "numpy": ".numpy()", "__array__": "a numpy array",
+             "__format__": "formatting it into a string", "__str__": "str()"}
 
 
 def lower_call(tracer: Tracer, func, args: tuple, kwargs: dict):
@@ -201,7 +203,7 @@ def lower_call(tracer: Tracer, func, args: tuple, kwargs: dict):
     if name == "__get__":      # a property: metadata (shape, dtype, ...) or .T / .data
         return _lower_property(tracer, func, args)
     if name in _METADATA:
-        if name in ("__repr__", "__str__", "__format__") and is_proxy(args[0]):
+        if name == "__repr__" and is_proxy(args[0]):
             return repr(args[0])
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)

@@ -1,0 +1,112 @@
+"""Idioms of public PyTorch code with control flow, compiled as written and compared with
+eager (results and arguments after the call)."""
+import torch
+import torch.nn as nn
+
+from utils import assert_matches_eager, randn
+
+
+class BranchInTimeLoop(nn.Module):
+    """`if c: out = f(x) else: out = g(x)` inside a time loop: `out` is first assigned in both
+    arms of an `if` nested in the loop body."""
+
+    def __init__(self):
+        super().__init__()
+        self.f, self.g = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, xs):
+        h = torch.zeros(4)
+        for t in range(xs.shape[0]):
+            if xs[t].sum() > 0:
+                out = self.f(xs[t] + h)
+            else:
+                out = self.g(xs[t] - h)
+            h = torch.tanh(out)
+        return h
+
+
+def nested_branch_assigns_in_both_arms(x, c):
+    if c > 0:
+        if x.sum() > 0:
+            y = x * 2
+        else:
+            y = x * 3
+        z = y + 1
+    else:
+        z = x
+    return z
+
+
+def def_inside_a_branch(x, c: float):
+    if c > 0:
+        def act(v):
+            return v * 2
+    else:
+        def act(v):
+            return v * 3
+    return act(x)
+
+
+class EarlyExit(nn.Module):
+    """BranchyNet/BlockDrop-style early exit: after the exit test, the features are
+    downsampled (a new shape), which is dead on the path that returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(8, 8), nn.Linear(4, 4), nn.Linear(2, 2)])
+        self.heads = nn.ModuleList([nn.Linear(8, 3), nn.Linear(4, 3), nn.Linear(2, 3)])
+
+    def forward(self, x, threshold):
+        for i in range(3):
+            x = torch.relu(self.blocks[i](x))
+            out = self.heads[i](x)
+            if out.softmax(-1).max() > threshold:
+                return out
+            x = x[:, : x.shape[1] // 2] + x[:, x.shape[1] // 2:]
+        return out
+
+
+class NamedLayers(nn.Module):
+    """A loop index formatted into a name: `getattr(self, f"layer{i}")`, ModuleDict keys."""
+
+    def __init__(self):
+        super().__init__()
+        for i in range(3):
+            setattr(self, f"layer{i}", nn.Linear(4, 4))
+        self.blocks = nn.ModuleDict({str(i): nn.Linear(4, 4) for i in range(3)})
+        self.groups = nn.ModuleDict({"group{}".format(i): nn.Linear(4, 4) for i in range(3)})
+
+    def forward(self, x):
+        for i in range(3):
+            x = getattr(self, f"layer{i}")(x)
+            x = self.blocks[str(i)](x)
+            x = torch.tanh(self.groups["group{}".format(i)](x))
+        return x
+
+
+def legacy_spellings(x):
+    v = torch.autograd.Variable(x)     # the same tensor, detached
+    v.data.mul_(0.5)                   # writes x, as in eager
+    return v.data * 2, x
+
+
+def test_branch_assignments_in_loops_and_nested_ifs():
+    torch.manual_seed(0)
+    assert_matches_eager(BranchInTimeLoop(), [(randn(5, 4, seed=s),) for s in range(3)])
+    assert_matches_eager(nested_branch_assigns_in_both_arms,
+                         [(randn(3, seed=0), torch.tensor(c)) for c in (1.0, -1.0)] +
+                         [(-randn(3, seed=0).abs(), torch.tensor(1.0))])
+    for c in (1.0, -1.0):
+        assert_matches_eager(def_inside_a_branch, [(randn(3, seed=0), c)])
+
+
+def test_early_exit_with_a_shape_change_after_the_exit():
+    torch.manual_seed(0)
+    x = randn(1, 8, seed=1)
+    assert_matches_eager(EarlyExit(), [(x, torch.tensor(t)) for t in (0.0, 0.4, 0.6, 1.1)])
+
+
+def test_loop_index_formatted_into_names_and_legacy_spellings():
+    torch.manual_seed(0)
+    assert_matches_eager(NamedLayers(), [(randn(2, 4, seed=0),)])
+    assert_matches_eager(legacy_spellings, [(randn(3, seed=0),)])
