@@ -7,8 +7,8 @@ import pathlib
 import sys
 import time
 
-from bench import timing
-from bench.runner import RunConfig, run
+from bench import machine, peer, timing
+from bench.runner import RESULTS, RunConfig, run
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -33,6 +33,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
                                                   "cores); 1 gives steadier numbers on a busy machine")
     p.add_argument("--interleave", action="store_true", help="time a workload's systems in rounds (one run of "
                    "each per round) instead of one after another: steadier comparisons on a shared machine")
+    p.add_argument("--load", help="comma-separated numbers of busy-looping processes to time every system beside "
+                                  "(e.g. 0,1,2: quiet, then one, then two), interleaved at each level: how each "
+                                  "system degrades on a shared machine")
+    p.add_argument("--baseline", help="a git commit (e.g. HEAD~1): every cocktailer system also runs as that "
+                   "commit's, in a process of its own, timed interleaved with this one's (implies --interleave)")
+    p.add_argument("--compile-times", action="store_true", help="only the compile-time table: each model compiled "
+                   "cold, again in a new process with its library on disk, and again in the same process")
     p.add_argument("--report", action="store_true", help="only rewrite table.md and the figures from --out")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
@@ -51,7 +58,13 @@ def config_from(args: argparse.Namespace, argv: list[str]) -> RunConfig:
         systems=_list(args.systems), size=size, budget=budget,
         compile_timeout_s=args.compile_timeout or (60.0 if args.quick else 900.0),
         fresh=args.fresh, quick=args.quick, threads=args.threads, out_dir=args.out, argv=argv,
-        interleave=args.interleave)
+        interleave=args.interleave, loads=_loads(args.load),
+        baseline=peer.resolve(args.baseline, str(machine.REPO)) if args.baseline else None)
+
+
+def _loads(text: str | None) -> tuple[int, ...]:
+    """--load levels, quiet (0) always among them: the others are compared with it."""
+    return tuple(sorted({0, *(int(k) for k in _list(text))})) if text else ()
 
 
 def _list(text: str | None) -> list[str] | None:
@@ -62,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     config = config_from(args, argv)
+    if args.compile_times:
+        from bench import compile_times
+        from cocktailer.models import names
+        out = args.out or RESULTS / "compile-times"
+        compile_times.measure(config.models or names(), config.size, config.batches[0], out)
+        print((out / "table.md").read_text())
+        return 0
     if args.report:
         from bench import report
         print(report.write(json.loads((config.out / "results.json").read_text()), config.out))

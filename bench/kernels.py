@@ -38,7 +38,8 @@ import torch.nn.functional as F
 
 from bench.machine import describe
 from cocktailer.codegen.kernels import conv, matmul
-from cocktailer.codegen.kernels.standalone import Library, compile_source
+from cocktailer.codegen.kernels.standalone import Library
+from cocktailer.runtime.compiler import compile_shared_library, load_library
 from cocktailer.ir import Op, Operation, TensorType, Value, infer_type
 
 # (name, M, K, N): the models' linear layers (x @ W^T with W^T materialized as K x N) and
@@ -94,7 +95,7 @@ int thread_clocks(int n, clockid_t* ids) {
 
 def thread_clocks(workers: int) -> list[int]:
     """CPU clock ids of the OpenMP pool's threads (the caller's included)."""
-    lib = ctypes.CDLL(compile_source(_CLOCKS_C))
+    lib = load_library(compile_shared_library(_CLOCKS_C)[0], _CLOCKS_C)
     ids = (ctypes.c_int * workers)()
     n = lib.thread_clocks(workers, ids)
     return list(ids[:n])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
-from bench import status
+from bench import contention, status
 from bench.systems import PEER, TRACED
 
 REASON_WIDTH = 90   # the table keeps reasons short; results.json has them whole
@@ -20,7 +20,8 @@ def write(data: dict, out: pathlib.Path) -> str:
 
 
 def markdown(data: dict, notes: list[str] = ()) -> str:
-    parts = [_header(data), _matrix(data), _details(data), _compile_table(data), _roofline_table(data)]
+    parts = [_header(data), _matrix(data), _baseline_table(data), contention.table(data), _details(data),
+             _compile_table(data), _roofline_table(data)]
     if notes:
         parts.append("\n".join(f"- {n}" for n in notes))
     return "\n\n".join(p for p in parts if p) + "\n"
@@ -162,8 +163,26 @@ def _compile_table(data: dict) -> str:
         return ""
     return "\n".join(["## Compile time (s)", "",
                       "cold: into an empty library cache (capture, passes, schedule, code generation, C compiler); "
-                      "cached: the same model compiled again with its library on disk", "",
+                      "cached: the same model compiled again in the same process (a cache hit: no compiler run); "
+                      "`python -m bench --compile-times` adds a new process with the library on disk", "",
                       "| model | batch | system | cold s | cached s |", "|---|---|---|---|---|", *rows])
+
+
+def _baseline_table(data: dict) -> str:
+    """--baseline: each cocktailer system against the same system of the other commit, timed
+    interleaved in the same run (ratio < 1: this commit is faster)."""
+    ref = data.get("run", {}).get("baseline")
+    if not ref:
+        return ""
+    lines = [f"## Against {ref} (interleaved, same inputs)", "", "| model | batch | system | this ms | "
+             f"{ref} ms | ratio |", "|---|---|---|---|---|---|"]
+    for w in data["workloads"].values():
+        systems = w.get("systems", {})
+        for name in [n for n in systems if f"{n}@{ref}" in systems]:
+            mine, theirs = systems[name], systems[f"{name}@{ref}"]
+            ratio = f"{mine['median_s'] / theirs['median_s']:.3f}" if ok(mine) and ok(theirs) else ""
+            lines.append(f"| {w.get('model')} | {w.get('batch')} | {name} | {cell(mine)} | {cell(theirs)} | {ratio} |")
+    return "\n".join(lines)
 
 
 def _roofline_table(data: dict) -> str:

@@ -18,12 +18,12 @@ from typing import Any, Callable
 
 import torch
 
-from bench import machine, report, roofline, status
+from bench import contention, machine, report, roofline, status
 from bench.compare import compare
 from bench.results import ResultStore
 from bench.status import NotTimed, Timeout, describe
 from bench.subject import Subject
-from bench.systems import System, all_systems, quick_selection, select, step_systems
+from bench.systems import System, all_systems, baseline_systems, quick_selection, select, step_systems
 from bench.timing import FULL, Budget, measure, measure_interleaved, summarize
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -43,6 +43,8 @@ class RunConfig:
     seed: int = 0
     threads: int | None = None                 # None: every library's default (all cores)
     interleave: bool = False                   # time a workload's systems in rounds, not one after another
+    baseline: str | None = None                # also run cocktailer systems from this git commit (interleaved)
+    loads: tuple[int, ...] = ()                # quiet (0) and beside this many busy processes each (contention)
     out_dir: pathlib.Path | None = None
     argv: list[str] = field(default_factory=list)
 
@@ -66,6 +68,8 @@ def run(config: RunConfig, zoo: tuple[Callable, Callable] | None = None, progres
     models = config.models or list(names())
     pool = all_systems() + (step_systems() if config.systems else [])   # the steps only when named
     systems = select(pool, config.systems)
+    if config.baseline:
+        systems += baseline_systems(config.baseline, systems)
     if config.quick and not config.systems:
         systems = quick_selection(systems)
     store = ResultStore(config.out / "results.json", _run_info(config), fresh=config.fresh)
@@ -96,7 +100,7 @@ def _run_info(config: RunConfig) -> dict:
     return {"name": config.name, "started": _now(), "argv": config.argv, "quick": config.quick,
             "threads": config.threads, "size": config.size, "batches": list(config.batches), "seed": config.seed,
             "budget": asdict(config.budget), "compile_timeout_s": config.compile_timeout_s,
-            "interleave": config.interleave}
+            "interleave": config.interleave, "loads": list(config.loads), "baseline": config.baseline}
 
 
 def _now() -> str:
@@ -119,8 +123,8 @@ def _run_workload(model: str, batch: int, systems: list[System], config: RunConf
     subject, expected = built
     info["roofline"] = _roofline(subject, store.data["machine"]["measured"])
     store.save()
-    if config.interleave:
-        _run_interleaved(key, todo, subject, expected, config, store, info, bar)
+    if config.interleave or config.loads or config.baseline:
+        _run_interleaved(key, todo, subject, expected, config, store, info, bar, config.loads or (0,))
     else:
         for system in todo:
             bar.set_description(f"{key} {system.name}")
@@ -147,6 +151,7 @@ def _subject(model: str, batch: int, config: RunConfig, make, info: dict) -> tup
     info["config"] = _jsonable(getattr(workload, "config", {}))
     try:
         subject = Subject(workload, config.threads)
+        subject.origin = (model, batch, config.size, config.seed)   # how a baseline process makes the same
         return subject, subject.eager()
     except Exception as exc:
         info["error"] = f"eager PyTorch failed: {describe(exc)}"
@@ -165,9 +170,10 @@ def _roofline(subject: Subject, measured: dict) -> dict:
             "memory_s": counts["bytes"] / measured["bandwidth_bytes_s"]}
 
 
-def _run_interleaved(key, systems, subject, expected, config, store, info, bar):
+def _run_interleaved(key, systems, subject, expected, config, store, info, bar, loads=(0,)):
     """--interleave: prepare and check every system first, then time them in rounds, one run
-    of each per round, so that a slow spell of a shared machine hits all of them alike."""
+    of each per round, so that a slow spell of a shared machine hits all of them alike; with
+    --load, once per load level, beside that many busy processes."""
     ready, entries = [], {}
     for system in systems:
         bar.set_description(f"{key} {system.name}")
@@ -175,19 +181,27 @@ def _run_interleaved(key, systems, subject, expected, config, store, info, bar):
         entries[system.name], prepared = prepare_and_check(system, subject, expected, config)
         if prepared is not None:
             ready.append((system.name, prepared))
+    for load in loads:
+        with contention.busy(load):
+            _time_in_rounds(ready, entries, config, load)
+    for name in entries:
+        _add_ratios(entries[name], info["roofline"])
+        store.put(key, name, entries[name])
+    bar.update(len(systems))
+
+
+def _time_in_rounds(ready: list, entries: dict, config: RunConfig, load: int):
+    base = {name: entries[name] for name, _ in ready}
     try:
         times = measure_interleaved([p.run for _, p in ready], config.budget)
     except Exception as exc:
         for name, _ in ready:
-            entries[name] = {**entries[name], "status": status.FAILED, "reason": f"running: {describe(exc)}"}
-        times = []
+            entries[contention.loaded_name(name, load)] = {**base[name], "status": status.FAILED,
+                                                           "reason": f"running: {describe(exc)}"}
+        return
     for (name, _), samples in zip(ready, times):
-        entries[name] = {**entries[name], "status": status.OK, "interleaved": True, **summarize(samples),
-                         "times_s": samples}
-    for system in systems:
-        _add_ratios(entries[system.name], info["roofline"])
-        store.put(key, system.name, entries[system.name])
-        bar.update(1)
+        entries[contention.loaded_name(name, load)] = {**base[name], "status": status.OK, "interleaved": True,
+                                                       "load": load, **summarize(samples), "times_s": samples}
 
 
 def bench_system(system: System, subject: Subject, expected: Any, config: RunConfig) -> dict:

@@ -9,6 +9,7 @@ straight-line graph run op by op with torch, i.e. eager without control flow.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import tempfile
@@ -20,7 +21,8 @@ import torch
 
 import cocktailer
 from cocktailer.api import NATIVE
-from cocktailer.runtime.compiler import CACHE_VARIABLE
+from cocktailer.runtime.cache import CACHE_VARIABLE
+from bench import machine
 from bench.status import Missing, Unsupported, describe
 from bench.subject import Subject
 
@@ -43,6 +45,7 @@ class System:
     packages: tuple[str, ...] = ()              # importable names the peer needs
     backend: str | None = None                  # the cocktailer backend (OURS, TRACED)
     traced: str | None = None                   # the traced graph its time is compared with
+    options: dict | None = None                 # OURS: cocktailer.compile's options
 
     def require(self):
         for package in self.packages:
@@ -92,7 +95,27 @@ STEPS = [
 
 
 def step_systems() -> list[System]:
-    return [System(name, OURS, _cocktailer(backend, options), backend=backend) for name, backend, options in STEPS]
+    return [System(name, OURS, _cocktailer(backend, options), backend=backend, options=options)
+            for name, backend, options in STEPS]
+
+
+def baseline_systems(ref: str, systems: list[System]) -> list[System]:
+    """`<system>@<ref>` for each cocktailer system: the same compile in the cocktailer of
+    commit `ref`, run by a process of its own (bench/peer.py) and timed there, interleaved
+    with this one's."""
+    from bench.peer import Peer
+    peer: list = []
+
+    def prepare(system: System, subject: Subject) -> Prepared:
+        if not peer:
+            peer.append(Peer(ref, str(machine.REPO)))
+        model, batch, size, seed = subject.origin
+        peer[0].ask("prepare", model, batch, size, seed, system.backend, system.options)
+        run = lambda: peer[0].ask("run")   # noqa: E731
+        run.reports_seconds = True          # timed in the peer process: no pipe in the number
+        return Prepared(run, to_result=lambda _: peer[0].ask("output"))
+    return [System(f"{s.name}@{ref}", OURS, functools.partial(prepare, s), backend=s.backend, options=s.options)
+            for s in systems if s.kind == OURS]
 
 
 def select(systems: list[System], wanted: list[str] | None) -> list[System]:

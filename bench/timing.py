@@ -40,7 +40,8 @@ def measure(fn: Callable[[], object], budget: Budget) -> list[float]:
 
 def measure_interleaved(fns: list[Callable[[], object]], budget: Budget) -> list[list[float]]:
     """Seconds of each timed call of each of `fns`, timed in rounds (one call of each per
-    round) until every one has the budget's minimum runs and time, or the round limits."""
+    round) until every one has the budget's minimum runs and time, or the round limits. A
+    function marked `reports_seconds` returns its own time (measured in another process)."""
     for _ in range(budget.warmup):
         for fn in fns:
             fn()
@@ -53,8 +54,9 @@ def measure_interleaved(fns: list[Callable[[], object]], budget: Budget) -> list
         while fns and len(times[0]) < budget.max_runs:
             for fn, samples in zip(fns, times):
                 t0 = time.perf_counter_ns()
-                fn()
-                samples.append((time.perf_counter_ns() - t0) * 1e-9)
+                reported = fn()
+                elapsed = (time.perf_counter_ns() - t0) * 1e-9
+                samples.append(reported if getattr(fn, "reports_seconds", False) else elapsed)
             if all(len(s) >= budget.min_runs and sum(s) >= budget.min_seconds for s in times):
                 break
             if len(times[0]) >= 3 and time.perf_counter() - start >= budget.max_seconds * len(fns):

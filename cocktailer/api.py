@@ -5,6 +5,7 @@ import enum
 import inspect
 import types
 import warnings
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -15,25 +16,19 @@ from cocktailer.frontend import capture as _frontend_capture
 from cocktailer.ir import Program
 from cocktailer.passes import CAPTURE_PIPELINE, run_pipeline
 from cocktailer.passes.fold_constants import refresh_derived
+from cocktailer.backend import BackendUnavailable, Config, backend as native_backend, build
 from cocktailer.reference import ReferenceExecutor
 from cocktailer.reference.trace import traced_graph
-
-from cocktailer.runtime.cpu import BackendUnavailable, cpu_backend, unsupported_ops
 from cocktailer.runtime.compiler import find_compiler
-from cocktailer.runtime.host import HostExecutor
-from cocktailer.runtime.tuning import measured_cpu_backend
 
 # name -> factory(Program) -> callable(list of input tensors) -> list of output tensors
 BACKENDS: dict[str, Callable[[Program], Callable]] = {
-    "cpu": cpu_backend,          # the whole program, control flow included, as one native call
-    "host": HostExecutor,        # control flow in Python, each basic block one native call (CocktailerBase)
+    "cpu": native_backend("cpu"),    # the whole program, control flow included, as one native call
+    "host": native_backend("host"),  # control flow in Python, each basic block one native call (CocktailerBase)
     "reference": ReferenceExecutor,
 }
 AUTO_ORDER = ["cpu", "reference"]   # "auto" takes the first that can run the program
 NATIVE = {"cpu", "host"}
-OPTIONS = ("workers", "max_depth", "fan_out", "unroll", "wavefront", "fine_barriers", "rewrite", "policy", "steps",
-           "samples", "native_from", "measure_waves")   # of the native backends (see compile)
-POLICIES = ("simple", "measured")
 
 
 def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwargs: dict | None = None) -> Program:
@@ -84,7 +79,7 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     "measured" (cpu: candidates built and timed on this machine, the fastest kept; see
     cocktailer.explain), which times them on the example inputs and on `samples` (more
     argument tuples shaped like them), and takes `workers` as the most it may use; `steps`
-    limits its search to some of `cocktailer.schedule.search.STEPS`. The "host" backend takes
+    limits its search to some of `cocktailer.backend.config.STEPS`. The "host" backend takes
     `native_from=d`: control-flow constructs nested at least d deep in their function (0: all)
     run inside its native blocks, where every op they control has a native kernel.
     """
@@ -113,6 +108,7 @@ class CompiledFunction:
         self.fn = fn
         self.backend = backend
         self.options = options or {}
+        self.config = Config.from_options(self.options, backend)   # checked here, once
         self.signature = inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn)
         self.parameters = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
         self.cache: dict[tuple, tuple[Program, Callable]] = {}
@@ -189,7 +185,7 @@ class CompiledFunction:
         """What the measured policy times candidates on: these arguments' tensors, and those of
         options["samples"] (argument tuples) that specialize the same way."""
         samples = [_tensors(args, kwargs)]
-        for extra in self.options.get("samples", ()):
+        for extra in self.config.samples:
             extra_args, extra_kwargs = self._bind(_as_tuple(extra), {})
             if self._key(extra_args, extra_kwargs) == key:
                 samples.append(_tensors(extra_args, extra_kwargs))
@@ -218,25 +214,10 @@ class CompiledFunction:
     def _backend(self, name: str, program: Program, samples: list[list[torch.Tensor]]) -> Callable:
         if name not in NATIVE:
             return BACKENDS[name](program)
-        unknown = set(self.options) - set(OPTIONS)
-        if unknown:
-            raise ValueError(f"unknown backend options {sorted(unknown)}; known: {', '.join(OPTIONS)}")
-        policy = self.options.get("policy", "simple")
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-        if name == "cpu" and policy == "measured":
-            settings = {k: v for k, v in self.options.items() if k in ("workers", "max_depth", "steps")}
-            return measured_cpu_backend(program, samples, **settings)
-        missing = unsupported_ops(program) if name == "cpu" and program.device.type == "cpu" else []
-        if missing:   # Constraint 1, construct by construct: what has native kernels still runs natively
-            _warn_once(f"no native kernel for {'; '.join(missing)}: these ops run in Python, and so does the "
-                       "control flow around them; the rest runs in native blocks (see cocktailer.explain)")
-            settings = {k: v for k, v in self.options.items() if k in ("workers", "max_depth")}
-            return HostExecutor(program, native_from=0, **settings)
-        allowed = {"cpu": ("workers", "max_depth", "fan_out", "unroll", "wavefront", "fine_barriers", "measure_waves",
-                           "rewrite"),
-                   "host": ("workers", "native_from", "max_depth")}[name]
-        return BACKENDS[name](program, **{k: v for k, v in self.options.items() if k in allowed})
+        executable = build(program, replace(self.config, backend=name), samples)
+        for notice in executable.record.notices:
+            _warn_once(notice)
+        return executable
 
     def _needs_grad(self, args, kwargs) -> bool:
         if not torch.is_grad_enabled():

@@ -1,6 +1,7 @@
 """Errors that point at the user's code, never at the compiler's."""
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
@@ -19,6 +20,7 @@ _LIBRARY_DIRS = tuple(
 ) + (_PACKAGE_DIR + os.sep, sysconfig.get_paths()["stdlib"] + os.sep)
 
 
+@functools.lru_cache(maxsize=4096)   # asked for every frame of every traced op
 def is_user_file(filename: str) -> bool:
     """True for files the user wrote (not torch, not the standard library, not the compiler)."""
     if filename.startswith("<"):

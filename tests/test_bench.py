@@ -271,3 +271,36 @@ def test_interleaved_run_times_systems_in_rounds(tmp_path, monkeypatch):
     for name in ("cocktailer:reference", "traced:reference"):
         assert systems[name]["status"] == status.OK and systems[name]["interleaved"]
         assert len(systems[name]["times_s"]) == systems[name]["runs"] >= 1
+
+
+def test_load_levels_time_every_system_quiet_and_beside_busy_processes(tmp_path):
+    config = RunConfig(models=["loopbranch"], batches=(1,), systems=["eager", "cocktailer:reference"],
+                       budget=ONE_RUN, out_dir=tmp_path, quick=True, loads=(0, 1))
+    systems = run(config, zoo=ZOO, progress=False)["workloads"]["loopbranch/b1"]["systems"]
+    assert set(systems) == {"eager", "eager +1 busy", "cocktailer:reference", "cocktailer:reference +1 busy"}
+    assert all(e["status"] == status.OK and e["runs"] >= 1 for e in systems.values())
+    assert systems["eager +1 busy"]["load"] == 1
+    assert "## Under load" in (tmp_path / "table.md").read_text()
+
+
+def test_a_baseline_commit_runs_in_a_process_of_its_own_and_times_itself():
+    """--baseline: the cocktailer of another commit (here this one's HEAD) compiles the same
+    zoo model in its own process and reports the seconds of each run it is asked for."""
+    import subprocess
+    from bench.machine import REPO
+    from bench.peer import Peer, resolve
+    if find_compiler() is None or subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                                                 capture_output=True).returncode:
+        pytest.skip("needs a C compiler and a git checkout")
+    peer = Peer(resolve("HEAD", str(REPO)), str(REPO))
+    try:
+        peer.ask("prepare", "rae", 1, "small", 0, "cpu", None)
+        assert peer.ask("run") > 0
+        from cocktailer import models
+        w = models.make("rae", 1, size="small", seed=0)
+        with torch.no_grad():
+            assert torch.allclose(peer.ask("output"), w.model(*w.inputs), atol=1e-5)
+        with pytest.raises(RuntimeError, match="the baseline .* failed"):
+            peer.ask("prepare", "no-such-model", 1, "small", 0, "cpu", None)
+    finally:
+        peer.close()

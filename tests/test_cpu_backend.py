@@ -141,6 +141,24 @@ def test_second_compile_hits_the_disk_cache(tmp_path, monkeypatch):
     assert first.library == second.library
 
 
+@pytest.mark.parametrize("backend", ["cpu", "host"])
+def test_compiling_a_model_again_runs_no_compiler_and_writes_no_file(tmp_path, monkeypatch, backend):
+    """The generated source is the same for the same program (no process-wide numbering in
+    it), so a repeat compile, with a fresh capture, is a cache hit."""
+    monkeypatch.setenv("COCKTAILER_CACHE_DIR", str(tmp_path))
+    w = models.make("seq2seq", batch=1, size="small", seed=0)
+    first = cocktailer.compile(w.model, w.inputs, backend=backend)
+    files = sorted(tmp_path.rglob("*"))
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("the compiler ran although the library is cached")
+    monkeypatch.setattr(compiler.subprocess, "run", no_compiler)
+    again = cocktailer.compile(w.model, w.inputs, backend=backend)
+    assert sorted(tmp_path.rglob("*")) == files
+    with torch.no_grad():
+        assert_same(again(*w.inputs), first(*w.inputs), 0, 0)
+
+
 def test_two_processes_compiling_the_same_model_share_the_cache(tmp_path):
     script = textwrap.dedent("""
         import torch, cocktailer
@@ -196,7 +214,7 @@ def test_long_skeleton_compiled_without_optimizing_it(monkeypatch):
     w = models.make("lstm", batch=2, size="small", seed=0)
     traced = cocktailer.compile_traced(w.model, w.inputs, backend="cpu")
     (_, compiled), = traced.cache.values()
-    assert compiled.rendered.source.count('__attribute__((optimize("O0"))) int64_t cocktailer_run(') == 1
+    assert compiled.record.rendered.source.count('__attribute__((optimize("O0"))) int64_t cocktailer_run(') == 1
     with torch.no_grad():
         assert_same(traced(*w.inputs), w.model(*w.inputs), RTOL, ATOL, path="lstm")
 
@@ -208,9 +226,57 @@ def test_constant_weights_of_a_gemm_are_prepacked_and_repacked_when_changed():
     x = torch.randn(33, 600)   # rows enough for the GEMM path; depth in 3 packed blocks; partial panels
     fast = cocktailer.compile(model, (x,), backend="cpu")
     (_, compiled), = fast.cache.values()
-    assert len(compiled.rendered.prepacked) == 2
+    assert len(compiled.record.rendered.prepacked) == 2
     with torch.no_grad():
         assert_same(fast(x), model(x), RTOL, ATOL)
         model[0].weight.mul_(-0.5)
         model[2].weight.add_(0.25)
         assert_same(fast(x), model(x), RTOL, ATOL)
+
+
+def test_a_contended_program_runs_on_the_worker_count_that_has_been_faster(monkeypatch):
+    """Quiet: all workers. Once a call is preempted, half the workers are tried; the faster
+    count runs, and the other is tried again after a wait that doubles each time it loses
+    (at least 20 times what it took); a call on all workers that nothing preempted ends it."""
+    from cocktailer.runtime import native
+    now = [0.0]
+    monkeypatch.setattr(native.time, "monotonic", lambda: now[0])
+    workers = native.Workers(4, adaptive=True)
+    workers.report(workers.choose(), 0, 0.001)
+    assert workers.choose() == 4
+    workers.report(4, 3, 0.010)             # preempted: contended, 2 workers are tried next
+    assert workers.choose() == 2
+    workers.report(2, 1, 0.004)             # faster: it runs, 4 is tried after 20 times what it took
+    assert workers.choose() == 2 and workers.wait == 20 * 0.010
+    now[0] += workers.wait
+    assert workers.choose() == 4
+    workers.report(4, 2, 0.1)               # lost again: twice the wait, or 20 times what it took
+    assert workers.wait == 20 * 0.1 and workers.choose() == 2
+    now[0] += workers.wait
+    assert workers.choose() == 4
+    workers.report(4, 0, 0.001)             # nothing preempted it: quiet again
+    assert workers.choose() == 4
+    decoder = native.Workers(4, adaptive=True)   # where all workers stay faster under contention
+    decoder.report(4, 1, 0.005)
+    assert decoder.choose() == 2
+    decoder.report(2, 1, 0.009)
+    assert decoder.choose() == 4 and decoder.wait == 20 * 0.009
+    decoder.report(4, 0, 0.005)
+    decoder.report(4, 1, 0.005)             # contended again: 2 waits its turn
+    assert decoder.choose() == 4
+    fixed = native.Workers(4, adaptive=False)   # uTasks placed on given workers
+    fixed.report(4, 5, 0.001)
+    assert fixed.choose() == 4
+
+
+@pytest.mark.parametrize("name,options", [("treefc", {"fan_out": True}), ("lstm", {}), ("seq2seq", {})])
+def test_results_do_not_depend_on_how_many_workers_a_call_gets(name, options):
+    """A busy machine makes calls run on fewer workers than compiled for: same results."""
+    w = models.make(name, batch=1, size="small", seed=2)
+    fast = cocktailer.compile(w.model, w.inputs, backend="cpu", options={"workers": 3, **options})
+    (_, compiled), = fast.cache.values()
+    with torch.no_grad():
+        expected = w.model(*w.inputs)
+        for active in (1, 2, 3, 1):
+            compiled.active_workers.choose = lambda: active
+            assert_same(fast(*w.inputs), expected, RTOL, ATOL, path=f"{name} on {active}")

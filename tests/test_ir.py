@@ -164,3 +164,49 @@ def test_capture_prints_loops_branches_and_calls():
     assert "func @main" in text and "func @forward" in text
     assert text.count("call @forward") == 3   # main calls it once, it calls itself twice
     assert " if %" in text
+
+
+def test_type_inference_shortcuts_agree_with_torch_meta_kernels():
+    """Elementwise ops, reductions and CAT infer their types without meta tensors (whose
+    Python kernels import torch._dynamo): the same types, and errors where torch has them."""
+    from cocktailer.ir.infer import _SHORTCUTS, infer_type
+    from cocktailer.ir.ops import BINARY, CREATION, REDUCE, UNARY
+    dtypes = [torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool]
+    shapes = [(), (1,), (3,), (2, 3), (2, 1, 3), (4, 1), (0, 3)]
+
+    def meta(op, types, attrs):
+        return TensorType.of(cocktailer.ir.SEMANTICS[op](*(t.meta() for t in types), **attrs))
+
+    def same(op, types, attrs):
+        try:
+            expected = meta(op, types, attrs)
+        except Exception:
+            expected = None
+        try:
+            got = infer_type(op, types, attrs)
+        except Exception:
+            got = None
+        assert got == expected, (op, types, attrs)
+    cases = []
+    for a in dtypes:
+        for sa in shapes:
+            cases += [(op, [TensorType(sa, a)], {"dtype": torch.float64} if op is Op.CAST else {})
+                      for op in UNARY - {Op.NOT}]
+            cases.append((Op.NOT, [TensorType(sa, torch.bool)], {}))
+            for b in (torch.float32, torch.int64, torch.bool):
+                for sb in ((), (3,), (2, 1, 3)):
+                    if sa in shapes[::2]:
+                        cases += [(op, [TensorType(sa, a), TensorType(sb, b)], {}) for op in BINARY]
+            for dims in (None, (0,), (-1,), (0, 1), (5,)):
+                for keepdim in (False, True):
+                    cases += [(op, [TensorType(sa, a)], {"dims": dims, "keepdim": keepdim})
+                              for op in REDUCE - {Op.ARGMAX, Op.ARGMIN}]
+            for dim in (None, 0, -1, 3):
+                cases += [(op, [TensorType(sa, a)], {"dim": dim, "keepdim": dim == 0}) for op in (Op.ARGMAX, Op.ARGMIN)]
+            for sb in shapes:
+                cases.append((Op.CAT, [TensorType(sa, a), TensorType(sb, a)], {"dim": -1}))
+    cases.append((Op.WHERE, [TensorType((2, 1), torch.bool), TensorType((3,), torch.int64),
+                             TensorType((), torch.float32)], {}))
+    assert {op for op, _, _ in cases} >= set(_SHORTCUTS) - CREATION
+    for case in cases:
+        same(*case)

@@ -13,13 +13,14 @@ import torch.nn as nn
 
 import cocktailer
 from cocktailer import models
+from cocktailer.backend import Config, build
+from cocktailer.backend.host import HostExecutor
+from cocktailer.backend.measured import TunedProgram
 from cocktailer.codegen import kernels
 from cocktailer.ir import Op
+from cocktailer.ir.analysis import native_legal, nesting_depths
 from cocktailer.runtime import find_compiler
-from cocktailer.runtime.host import HostExecutor
-from cocktailer.runtime.tuning import TunedProgram
-from cocktailer.schedule.levels import native_legal, nesting_depths
-from cocktailer.schedule.search import Candidate, search
+from cocktailer.schedule.search import search
 
 try:
     from tests.utils import assert_same
@@ -98,7 +99,7 @@ def test_host_backend_runs_the_constructs_of_a_level_natively(native_from):
     torch.manual_seed(0)
     model = NestedLoops().eval()
     program = cocktailer.capture(model, nested_args())
-    executor = HostExecutor(program, workers=2, native_from=native_from)
+    executor = build(program, Config(backend="host", workers=2, native_from=native_from))
     expected = {None: [], 1: ["IF", "LOOP"], 0: ["IF", "LOOP", "LOOP"]}[native_from]
     assert _kinds(program, executor.native) == expected
     with torch.no_grad():
@@ -115,7 +116,7 @@ def test_recursion_below_the_root_runs_natively(native_from, tree):
     model = RAE().eval()
     args = inputs_for(trees()[tree])
     program = cocktailer.capture(model, args)
-    executor = HostExecutor(program, workers=2, native_from=native_from)
+    executor = build(program, Config(backend="host", workers=2, native_from=native_from))
     calls = [op for op in program.walk() if op.op is Op.CALL]
     assert any(id(c) in executor.native for c in calls)
     with torch.no_grad():
@@ -125,17 +126,16 @@ def test_recursion_below_the_root_runs_natively(native_from, tree):
 def test_search_moves_levels_down_bottom_up_before_the_whole_program():
     torch.manual_seed(0)
     program = cocktailer.capture(NestedLoops().eval(), nested_args())
-    host, deep = Candidate("host", 2), Candidate("host", 2, native_from=1)
-    l1 = Candidate("L1", 2)
+    host, deep = Config(backend="host", workers=2), Config(backend="host", workers=2, native_from=1)
+    l1 = Config(workers=2)
     times = {host: 3.0, deep: 2.0, l1: 1.0}
-    best, trials = search(program, 2, lambda c: times[c], steps=("host level", "nested constructs at L1",
-                                                                  "control flow at L1"))
+    start = Config(workers=2, steps=("host level", "nested constructs at L1", "control flow at L1"))
+    best, trials = search(program, start, lambda c: times[c])
     assert [t.candidate for t in trials] == [host, deep, l1] and best == l1
     half = cocktailer.capture(HalfInside().eval(), half_args())
-    best, trials = search(half, 2, lambda c: times.get(c, 0.5) if c.control == "host" else 1 / 0,
-                          steps=("host level", "nested constructs at L1", "control flow at L1"),
-                          can_run_natively=kernels.supported)
-    assert best == Candidate("host", 2, native_from=0) and "ZeroDivisionError" in trials[-1].error
+    best, trials = search(half, start, lambda c: times.get(c, 0.5) if c.control == "host" else 1 / 0,
+                          has_kernel=kernels.supported)
+    assert best == Config(backend="host", workers=2, native_from=0) and "ZeroDivisionError" in trials[-1].error
 
 
 @native
@@ -166,7 +166,7 @@ def test_measured_policy_places_constructs_by_constraint_1():
     assert "no native kernel" in next(t for t in tuned.trials if t.step == "control flow at L1").error
     with torch.no_grad():
         assert_same(fast(*half_args(2)), model(*half_args(2)), RTOL, ATOL)
-    text = cocktailer.explain(model, half_args(), options={"workers": 2}, file=None)
+    text = cocktailer.explain(fast, file=None)   # the build record of this very choice
     levels = [line.rsplit(": ", 1)[1] for line in text.split("== control flow: where each construct runs ==\n")[1]
               .split("\n\n")[0].splitlines()]
     assert len(levels) == 2 and levels[1] == "host"   # the float16 loop

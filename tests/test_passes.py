@@ -140,7 +140,7 @@ class CrossStep(nn.Module):
 
 
 def _cpu_passes(program):
-    from cocktailer.runtime.cpu import CPU_PIPELINE
+    from cocktailer.backend.cpu import CPU_PIPELINE
     from cocktailer.passes import run_pipeline
     return run_pipeline(program.clone(), CPU_PIPELINE)
 

@@ -12,12 +12,14 @@ from cocktailer import CompiledCallError, models
 from cocktailer.data import chain_tree, perfect_tree, random_tree
 from cocktailer.ir import Op
 from cocktailer.models.tree import tree_inputs
-from cocktailer.passes.calls import gather_independent_calls, has_independent_calls, independent_call_runs
+from cocktailer.backend import Config, driver, measured
+from cocktailer.backend.profiler import Profiler
+from cocktailer.ir.analysis import has_independent_calls, independent_call_runs
+from cocktailer.passes.calls import gather_independent_calls
 from cocktailer.reference import ReferenceExecutor
-from cocktailer.runtime import find_compiler, tuning
-from cocktailer.runtime.profiler import Profiler
+from cocktailer.runtime import find_compiler
 from cocktailer.schedule.memory import plan_memory
-from cocktailer.schedule.search import Candidate, NoCandidate, search
+from cocktailer.schedule.search import NoCandidate, search
 
 try:
     from tests.utils import assert_same
@@ -93,7 +95,7 @@ def test_fan_out_keeps_the_calls_operands_and_results_apart():
     another call's operands or result."""
     torch.manual_seed(0)
     program = gather_independent_calls(cocktailer.capture(RAE().eval(), inputs_for(perfect_tree(3))))
-    plan = plan_memory(program, fan_out=True)
+    plan = plan_memory(program, Config(fan_out=True))
     (run,) = [run for fn in program.functions.values() for r in fn.body.regions() for run in independent_call_runs(r)]
 
     def span(v):
@@ -117,7 +119,7 @@ def test_fan_out_matches_eager_on_trees_of_every_depth(model_class, workers):
     instances = [inputs_for(t, seed=k) for k, t in enumerate(trees().values())]
     fast = cocktailer.compile(model, instances[0], backend="cpu", options={"workers": workers, "fan_out": True})
     (_, compiled), = fast.cache.values()
-    assert compiled.rendered.fans_out == (model_class is RAE)
+    assert compiled.record.uprogram.fans_out == (model_class is RAE)
     with torch.no_grad():
         for args in instances:
             for _ in range(4):   # groups of workers race if memory or barriers are wrong
@@ -181,45 +183,45 @@ def _fake_measure(times: dict, failing=()):
 def test_search_keeps_only_faster_steps_and_skips_candidates_that_fail():
     torch.manual_seed(0)
     program = cocktailer.capture(RAE().eval(), inputs_for(perfect_tree(2)))
-    host, l1, one = Candidate("host", 2), Candidate("L1", 2), Candidate("L1", 1)
-    fan = Candidate("L1", 2, fan_out=True)
+    host, l1, one = Config(backend="host", workers=2), Config(workers=2), Config(workers=1)
+    fan = Config(workers=2, fan_out=True)
     steps = ("host level", "control flow at L1", "SetResource", "recursion unroll")   # tested elsewhere: the rest
-    best, trials = search(program, 2, _fake_measure({host: 5.0, l1: 1.0, one: 0.99, fan: 0.5}), steps=steps)
+    start = Config(workers=2, steps=steps)
+    best, trials = search(program, start, _fake_measure({host: 5.0, l1: 1.0, one: 0.99, fan: 0.5}))
     assert [t.step for t in trials] == ["host level", "control flow at L1", "SetResource", "recursion unroll"]
     assert best == fan and [t.kept for t in trials] == [False, False, False, True]
     assert trials[2].seconds == 0.99   # within the noise margin of 1.0: not kept
-    best, trials = search(program, 2, _fake_measure({host: 5.0, l1: 1.0, one: 2.0, fan: 0.5}, failing={fan}),
-                          steps=steps)
+    best, trials = search(program, start, _fake_measure({host: 5.0, l1: 1.0, one: 2.0, fan: 0.5}, failing={fan}))
     assert best == l1 and "gcc failed" in trials[-1].error and not trials[-1].kept
     with pytest.raises(NoCandidate, match="gcc failed"):
-        search(program, 2, _fake_measure({}, failing={host, l1, one, fan}), steps=steps)
+        search(program, start, _fake_measure({}, failing={host, l1, one, fan}))
 
 
 def test_a_choice_the_confirmation_contradicts_falls_back_to_the_simple_policy():
     torch.manual_seed(0)
     program = cocktailer.capture(RAE().eval(), inputs_for(perfect_tree(2)))
-    steps = ("host level", "control flow at L1", "SetResource")
-    host, l1, one = Candidate("host", 2), Candidate("L1", 2), Candidate("L1", 1)
+    start = Config(workers=2, steps=("host level", "control flow at L1", "SetResource"))
+    host, l1, one = Config(backend="host", workers=2), Config(workers=2), Config(workers=1)
     times = {host: 5.0, l1: 1.0, one: 0.5}   # one worker measured faster (say, during a slow spell)
-    best, trials = search(program, 2, _fake_measure(times), steps=steps, confirm=lambda a, b: (0.9, 0.8))
+    best, trials = search(program, start, _fake_measure(times), confirm=lambda a, b: (0.9, 0.8))
     assert best == l1 and [t.step for t in trials][-2:] == ["confirmation", "confirmation"]
     assert [t.kept for t in trials] == [False, False, False, False, True]
-    best, trials = search(program, 2, _fake_measure(times), steps=steps, confirm=lambda a, b: (0.5, 0.9))
+    best, trials = search(program, start, _fake_measure(times), confirm=lambda a, b: (0.5, 0.9))
     assert best == one and trials[-2].kept and sum(t.kept for t in trials) == 1
     times[one] = 2.0   # the simple policy's candidate won: nothing to confirm
-    best, trials = search(program, 2, _fake_measure(times), steps=steps, confirm=lambda a, b: 1 / 0)
+    best, trials = search(program, start, _fake_measure(times), confirm=lambda a, b: 1 / 0)
     assert best == l1 and "confirmation" not in [t.step for t in trials]
 
 
 @native
 def test_measured_policy_falls_back_when_a_candidate_does_not_compile(monkeypatch):
-    real_build = tuning.build
+    real_build = driver.build_native
 
-    def build(program, candidate, max_depth):
+    def build(program, candidate, record):
         if candidate.control == "L1" and candidate.workers == 2:
             raise RuntimeError("simulated compiler failure")
-        return real_build(program, candidate, max_depth)
-    monkeypatch.setattr(tuning, "build", build)
+        return real_build(program, candidate, record)
+    monkeypatch.setattr(driver, "build_native", build)
     w = models.make("rae", batch=1, size="small", seed=0)
     fast = cocktailer.compile(w.model, w.inputs, backend="cpu",
                               options={"policy": "measured", "workers": 2})
@@ -276,7 +278,7 @@ def test_measured_policy_times_every_sample_of_the_same_shapes(monkeypatch):
         def __post_init__(self):
             seen.append(len(self.samples))
             super().__post_init__()
-    monkeypatch.setattr(tuning, "Profiler", Recording)
+    monkeypatch.setattr(measured, "Profiler", Recording)
     torch.manual_seed(0)
     model = RAE().eval()
     first, second = inputs_for(perfect_tree(2)), inputs_for(random_tree(6, seed=1))

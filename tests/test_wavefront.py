@@ -12,13 +12,15 @@ import torch.nn as nn
 import cocktailer
 from cocktailer import CompiledCallError, models
 from cocktailer.ir import Op
-from cocktailer.passes.wavefront import straight_line_runs, waves, wavefront_order
+from cocktailer.backend import Config
+from cocktailer.backend.waves import slower_side_by_side
+from cocktailer.ir.analysis import straight_line_runs, waves
+from cocktailer.passes.wavefront import wavefront_order
 from cocktailer.runtime import find_compiler
-from cocktailer.schedule import Device, SimplePolicy
+from cocktailer.schedule import SimplePolicy
 from cocktailer.schedule.memory import plan_memory
-from cocktailer.schedule.search import Candidate, search
+from cocktailer.schedule.search import search
 from cocktailer.schedule.utask import Barrier, Sync, UOperator
-from cocktailer.runtime.waves import slower_side_by_side
 from cocktailer.schedule.wavefront import co_scheduled, place_wave, wave_key
 
 try:
@@ -53,8 +55,9 @@ def args(*shapes, seed=0):
 
 def schedule(fn, inputs, workers=2, fine=True):
     program = wavefront_order(cocktailer.capture(fn, inputs))
-    plan = plan_memory(program, wave_workers=workers)
-    up = SimplePolicy(Device.cpu(workers), wavefront=True, fine_barriers=fine).schedule(program, plan)
+    config = Config(workers=workers, wavefront=True, fine_barriers=fine)
+    plan = plan_memory(program, config)
+    up = SimplePolicy(config).schedule(program, plan)
     return program, plan, up.functions[program.entry].items
 
 
@@ -137,7 +140,7 @@ def test_wavefront_functions_match_eager(fn, shapes, workers, fine):
                               options={"workers": workers, "wavefront": True, "fine_barriers": fine,
                                        "measure_waves": False})
     (_, executable), = fast.cache.values()
-    assert executable.rendered.co_scheduled
+    assert executable.record.uprogram.co_scheduled
     for seed in (3, 4):
         inputs = args(*shapes, seed=seed)
         assert_same(fast(*inputs), fn(*inputs), RTOL, ATOL)
@@ -158,7 +161,7 @@ def test_wavefront_on_the_zoo_matches_eager(name):
                                   options={"workers": workers, "wavefront": True, "measure_waves": False})
         (_, executable), = fast.cache.values()
         if name in ("attention", "treefc"):   # independent projections in one wave: side by side
-            assert executable.rendered.co_scheduled, name
+            assert executable.record.uprogram.co_scheduled, name
         with torch.no_grad():
             assert_same(fast(*w.inputs), w.model(*w.inputs), RTOL, ATOL, path=f"{name}/{batch}/{workers}")
 
@@ -169,7 +172,7 @@ def test_each_wave_is_measured_in_both_variants_and_the_slower_kept_apart():
     program = wavefront_order(cocktailer.capture(two_branches, inputs))
     placed = {wave_key(w) for region in program.main.body.regions() for w in co_scheduled(region, 2)}
     assert len(placed) == 2   # the matmuls, then the activations
-    assert slower_side_by_side(program, Device.cpu(2)) <= placed   # which ones: a measurement, not asserted
+    assert slower_side_by_side(program, Config(workers=2)) <= placed   # which ones: a measurement, not asserted
     fast = cocktailer.compile(two_branches, inputs, backend="cpu", options={"workers": 2, "wavefront": True})
     for seed in (1, 2):
         inputs = args((256, 64), (64, 64), (64, 64), (64, 8), seed=seed)
@@ -178,12 +181,12 @@ def test_each_wave_is_measured_in_both_variants_and_the_slower_kept_apart():
                                                     torch.tensor(5)))
     divisions = wavefront_order(divisions)
     waves = [wave_key(w) for region in divisions.main.body.regions() for w in co_scheduled(region, 2)]
-    assert waves and set(waves) <= slower_side_by_side(divisions, Device.cpu(2))   # made-up divisor 0: not measured
+    assert waves and set(waves) <= slower_side_by_side(divisions, Config(workers=2))   # made-up divisor 0: not measured
 
 
 def test_wavefront_and_fan_out_are_refused_together():
     with pytest.raises(ValueError, match="cannot be combined"):
-        SimplePolicy(Device.cpu(2), fan_out=True, wavefront=True)
+        Config(workers=2, fan_out=True, wavefront=True)
 
 
 class TwoDivisions(nn.Module):
@@ -198,7 +201,7 @@ def test_an_error_in_one_group_reaches_python_without_hanging():
     fast = cocktailer.compile(TwoDivisions(), (a, b, i, j), backend="cpu",
                               options={"workers": 2, "wavefront": True, "measure_waves": False})
     (_, executable), = fast.cache.values()
-    assert executable.rendered.co_scheduled   # the two divisions run on different workers
+    assert executable.record.uprogram.co_scheduled   # the two divisions run on different workers
     with torch.no_grad():
         assert_same(fast(a, b, i, j), TwoDivisions()(a, b, i, j), RTOL, ATOL)
         for bad in ((torch.tensor(0), j), (i, torch.tensor(0))):
@@ -209,20 +212,20 @@ def test_an_error_in_one_group_reaches_python_without_hanging():
 
 def test_search_tries_wavefront_then_fine_barriers_unless_calls_fan_out():
     program = cocktailer.capture(two_branches, args((256, 64), (64, 64), (64, 64), (64, 8)))
-    l1, one = Candidate("L1", 2), Candidate("L1", 1)
-    wave = Candidate("L1", 2, wavefront=True)
-    fine = Candidate("L1", 2, wavefront=True, fine_barriers=True)
+    l1, one = Config(workers=2), Config(workers=1)
+    wave = Config(workers=2, wavefront=True, fine_barriers=False)
+    fine = Config(workers=2, wavefront=True, fine_barriers=True)
     times = {l1: 1.0, one: 1.5, wave: 0.9, fine: 0.8}
-    best, trials = search(program, 2, lambda c: times[c])
+    best, trials = search(program, l1, lambda c: times[c])
     assert [t.step for t in trials] == ["control flow at L1", "SetResource", "wavefront", "fine-grained barriers"]
     assert best == fine
     times[wave] = 2.0   # not kept: fine-grained barriers are tried on the best so far, with co-scheduling
-    best, trials = search(program, 2, lambda c: times[c])
+    best, trials = search(program, l1, lambda c: times[c])
     assert best == fine and trials[-1].candidate == fine
-    best, trials = search(program, 2, lambda c: times[c], steps=("control flow at L1", "SetResource"))
+    best, trials = search(program, Config(workers=2, steps=("control flow at L1", "SetResource")), lambda c: times[c])
     assert best == l1 and [t.step for t in trials] == ["control flow at L1", "SetResource"]
     with pytest.raises(ValueError, match="unknown policy steps"):
-        search(program, 2, lambda c: 1.0, steps=("wavefronts",))
+        search(program, Config(workers=2, steps=("wavefronts",)), lambda c: 1.0)
 
 
 SCRIPT = """

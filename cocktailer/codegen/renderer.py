@@ -5,8 +5,9 @@ flow: loops are C loops, branches read the device-computed condition after a bar
 and recursion runs on an explicit stack of frames (the frame's tensors + a per-worker
 resume label), entered with `goto` and left through a `switch` on the resume label, so it
 needs no native recursion and its depth is checked. Data ops are rendered by the kernel
-library (`codegen.kernels`), each worker computing its share. A `Dialect` holds everything
-target-specific (the CPU one is OpenMP); the CUDA one is a configuration of the same renderer.
+library (`codegen.kernels`), each worker computing its share. A `Dialect` (`dialect.py`)
+holds everything target-specific (the CPU one is OpenMP); the CUDA one is a configuration of
+the same renderer and templates.
 """
 from __future__ import annotations
 
@@ -14,86 +15,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from cocktailer.codegen.dialect import CPU, Dialect, preamble
 from cocktailer.codegen.kernels import KERNELS, PRELUDE, KernelContext, ctype
 from cocktailer.ir import Op, Operation, Program, Value
 from cocktailer.schedule.memory import MemoryPlan
 from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, Sync, UOperator, UProgram, UTaskRef
-
-
-@dataclass(frozen=True)
-class Dialect:
-    name: str
-    headers: tuple[str, ...]
-    function_prefix: str            # qualifiers of the entry point
-    shared_decls: str               # declared before the parallel region: shared by all workers
-    parallel_begin: str             # opens the region every worker runs; `nw` is the worker count
-    worker_ids: str                 # declares w (this worker) and W (workers), and private state
-    barrier: str
-    atomic_store: str               # stores `{dst} = {value}` visibly to all workers
-
-
-CPU = Dialect(
-    name="c-openmp",
-    headers=("stdint.h", "string.h", "math.h", "omp.h", "sched.h"),
-    function_prefix="",
-    shared_decls="ct_barrier_t ct_bars[CT_MAX_NEST * nw]; memset(ct_bars, 0, sizeof ct_bars); "
-                 "int64_t ct_steps[CT_STEP_STRIDE * nw]; memset(ct_steps, 0, sizeof ct_steps);",
-    parallel_begin="#pragma omp parallel num_threads(nw)",
-    worker_ids="const int ct_gw = omp_get_thread_num(); int w = ct_gw, W = omp_get_num_threads();",
-    barrier="if (ct_wait(ct_team, W, err)) goto ct_fail;",
-    atomic_store="{{\n#pragma omp atomic write\n{dst} = {value};\n}}",
-)
-
-_CORE_PRELUDE = r"""
-/* A team's barrier: an arrival counter and a generation, on a cache line of its own. A waiter
-   spins briefly, then yields its core: on a busy machine the worker it waits for may be
-   descheduled, and spinning (as OpenMP's barrier does) would only keep it off the core.
-   A team is a range of workers; the whole team is one, and a fan-out splits it into groups,
-   each with its own barrier (CT_MAX_NEST levels of splitting at most). A waiter gives up when
-   another worker failed and left (err is set), so no worker waits for one that is gone;
-   ct_join is the barrier after a fan-out. */
-typedef struct { int64_t count; int64_t gen; char pad[48]; } ct_barrier_t;
-enum { CT_MAX_NEST = 8, CT_SLOTS = 8 };
-#if defined(__x86_64__) || defined(__i386__)
-#define ct_pause() __builtin_ia32_pause()
-#else
-#define ct_pause() ((void)0)
-#endif
-static inline int ct_wait(ct_barrier_t* b, int W, const int64_t* err) {
-  if (W == 1) return 0;
-  const int64_t gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
-  if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == W) {
-    __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
-    return 0;
-  }
-  for (int spins = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; ++spins) {
-    if (err && __atomic_load_n(err, __ATOMIC_RELAXED)) return 1;
-    if (spins < 4096) ct_pause(); else sched_yield();
-  }
-  return 0;
-}
-static inline int ct_join(ct_barrier_t* b, int W, const int64_t* err) { return ct_wait(b, W, err); }
-/* Rammer's fine-grained barrier-rTask: every worker publishes how many steps (fine-grained
-   barriers) it has passed in the step array, one cache line per worker; a worker that depends
-   on worker p waits until p has passed the same step. Every worker passes the same steps in
-   the same order (each runs its own copy of the control flow), so the counts agree. */
-enum { CT_STEP_STRIDE = 8 };
-static inline int ct_await(const int64_t* steps, int p, int64_t step, const int64_t* err) {
-  for (int spins = 0; __atomic_load_n(&steps[p * CT_STEP_STRIDE], __ATOMIC_ACQUIRE) < step; ++spins) {
-    if (__atomic_load_n(err, __ATOMIC_RELAXED)) return 1;
-    if (spins < 4096) ct_pause(); else sched_yield();
-  }
-  return 0;
-}
-/* every worker copies its share of n bytes */
-static inline void ct_copy(char* restrict dst, const char* restrict src, int64_t n, int w, int W) {
-  if (dst == src) return;
-  if (n < 4096) { if (w == 0) memcpy(dst, src, (size_t)n); return; }
-  int64_t chunk = (n + W - 1) / W, begin = chunk * w, end = begin + chunk < n ? begin + chunk : n;
-  if (begin < end) memcpy(dst + begin, src + begin, (size_t)(end - begin));
-}
-"""
 
 
 @dataclass
@@ -102,10 +28,7 @@ class Rendered:
     errors: list[str]               # runtime error messages; err[0] == i + 1 means errors[i]
     plan: MemoryPlan
     entry: str = "cocktailer_run"   # the C function to call
-    fans_out: bool = False          # calls fan out to worker groups: one stack of frames per worker
     prepacked: dict = field(default_factory=dict)   # constant slot name -> (source constant, NR) to prepack
-    co_scheduled: bool = False      # some operators run on a group of the workers (wavefront)
-    fine_barriers: bool = False     # some synchronizations are fine-grained (step array)
 
 
 class Renderer:
@@ -121,9 +44,6 @@ class Renderer:
         self.sites: dict[str, list[int]] = {}   # callee -> call-site ids
         self.kernels: dict[str, str] = {}        # kernel body -> the C function that runs it
         self.signatures: dict[str, int] = {}     # function -> number of buffer arguments
-        self.fans_out = False
-        self.co_scheduled = False   # some uTasks run on groups of workers: the schedule needs all its workers
-        self.fine_barriers = False
         self.prepacked: dict[str, tuple[str, int]] = {}   # constant slot name -> (source constant, NR)
 
     # -- addressing -------------------------------------------------------------------
@@ -156,13 +76,11 @@ class Renderer:
     def fail(self, message: str) -> str:
         """Inside an operator's function: record the error and return (its caller then leaves
         the program; every worker checks the same data, so all of them leave)."""
-        store = self.d.atomic_store.format(dst="err[0]", value=self._error_code(message))
-        return f"{{ {store} return 1; }}"
+        return f"{{ {self.d.atomic_store('err[0]', self._error_code(message))} return 1; }}"
 
     def fail_here(self, message: str) -> str:
         """In the control-flow skeleton itself: record the error and leave the program."""
-        store = self.d.atomic_store.format(dst="err[0]", value=self._error_code(message))
-        return f"{{ {store} goto ct_fail; }}"
+        return f"{{ {self.d.atomic_store('err[0]', self._error_code(message))} goto ct_fail; }}"
 
     def emit(self, line: str = ""):
         self.lines.append(line)
@@ -211,30 +129,30 @@ class Renderer:
             return f"((const float*){argument(('prepacked', index), f'((float*)cst[{index}])')})"
         names = iter(range(1 << 30))
         ctx = KernelContext(ptr=param, worker="w", workers="W", fail=self.fail,
-                            fresh=lambda prefix: f"{prefix}_{next(names)}", prepacked=prepacked)
+                            fresh=lambda prefix: f"{prefix}_{next(names)}", prepacked=prepacked, simd=self.d.simd)
         body = KERNELS[op.op](op, ctx)
         function = self.kernels.get(body)
         if function is None:
             function = self.kernels[body] = f"{self.entry}_k{len(self.kernels)}"
-        loc = f" /* %{op.results[0].id} = {op.op.name.lower()}{', ' + str(op.loc) if op.loc else ''} */"
+        # no value numbers here: they come from a process-wide counter, and the same program
+        # must render to the same source (the library cache's key) in every compile
+        loc = f" /* {op.op.name.lower()}{', ' + str(op.loc) if op.loc else ''} */"
         pointers = ", ".join(f"(char*){passed[key]}" for key in args) + (", " if args else "")
         if item.group is None:
             self.emit(f"if ({function}({pointers}w, W, err)) goto ct_fail;{loc}")
         else:   # only the op's group of workers runs it, each with its rank in the group
             lo, hi = item.group
             self.emit(f"if (w >= {lo} && w < {hi} && {function}({pointers}w - {lo}, {hi - lo}, err)) goto ct_fail;{loc}")
-            self.co_scheduled = True
         self.signatures[function] = len(args)
 
     def sync(self, item: Sync):
         """Publish this worker's step, then wait for the workers it depends on to reach it."""
-        self.emit("ct_step++; __atomic_store_n(&ct_steps[ct_gw * CT_STEP_STRIDE], ct_step, __ATOMIC_RELEASE);")
+        self.emit("ct_step++; CT_STORE_RELEASE(&ct_steps[ct_gw * CT_STEP_STRIDE], ct_step);")
         cases = []
         for w, on in item.waits.items():
             waits = " || ".join(f"ct_await(ct_steps, {p}, ct_step, err)" for p in on)
             cases.append(f"case {w}: if ({waits}) goto ct_fail; break;")
         self.emit(f"switch (w) {{ {' '.join(cases)} default: break; }}")
-        self.fine_barriers = True
 
     def _prepack(self, source: str, nr: int) -> int:
         """The constant table's slot for constant `source` prepacked for NR-wide panels; the
@@ -338,7 +256,6 @@ class Renderer:
         saved in this frame's per-worker slots: the calls leave by `goto`, so C locals would
         not survive them, and a call that fans out again saves its own in the next frame."""
         n = len(item.calls)
-        self.fans_out = True
         self.emit(f"/* fan-out: {n} independent calls at once, one group of workers each */")
         self.emit("CT_S(sp, 2) = w; CT_S(sp, 3) = W; CT_S(sp, 4) = ct_lead; CT_S(sp, 5) = ct_nest;")
         self.emit(f"{{ const int G = ct_nest + 1 < CT_MAX_NEST && W > 1 ? (W < {n} ? W : {n}) : 1; int g = 0;")
@@ -373,11 +290,12 @@ class Renderer:
         self.emit(f"{d.function_prefix}int64_t {self.entry}(void** in, void** out, void** cst, char* arena, "
                   "char* stack_all, int64_t max_depth, int64_t* locals, int64_t* rets, int64_t* err, int nw) {")
         self.emit(f"  enum {{ FRAME = {max(plan.frame_bytes, 64)}, NLOC = {plan.locals_per_frame} }};")
-        self.emit("  err[0] = 0;")
+        self.emit("  err[0] = 0; err[1] = 0;   /* an error code; how often workers were preempted */")
         self.emit(f"  {d.shared_decls}")
         self.emit(f"  {d.parallel_begin}")
         self.emit("  {")
         self.emit(f"  {d.worker_ids}")
+        self.emit(f"  {d.preemptions[0]}")
         self.emit("  int64_t sp = -1; char* fp = arena;")
         self.emit("  int ct_lead = 0, ct_nest = 0;   /* this worker's team: its first worker, its depth of splitting */")
         self.emit("  int64_t ct_step = 0;   /* fine-grained barriers passed (see ct_await) */")
@@ -400,13 +318,14 @@ class Renderer:
         for name in self.program.functions:
             if name != self.program.entry:
                 self.function(name)
-        if self.co_scheduled or self.fine_barriers:   # ops placed on worker k need worker k: fewer threads than asked would skip them
+        if self.up.co_scheduled or self.up.fine_barriers:   # ops placed on worker k: fewer threads would skip them
             message = "the runtime started fewer worker threads than the schedule places uTasks on"
             self.lines.insert(workers_check, f"  if (W != {self.up.device.workers}) {self.fail_here(message)}")
         self.lines = [self._resume(line[len("@@resume "):-2]) if line.startswith("@@resume ") else line
                       for line in self.lines]
         self.emit("ct_fail: ;")
         self.emit("ct_end: ;")
+        self.emit(f"  {d.preemptions[1]}")
         self.emit("  #undef CT_L")
         self.emit("  #undef CT_TEAM")
         self.emit("  #undef CT_S")
@@ -422,8 +341,7 @@ class Renderer:
             params = "".join(f"char* a{k}, " for k in range(self.signatures[name]))
             functions.append(f"__attribute__((noinline)) static int {name}({params}int w, int W, int64_t* err) {{\n"
                              f"{body}\nreturn 0;\n}}")
-        return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry, self.fans_out,
-                        self.prepacked, self.co_scheduled, self.fine_barriers)
+        return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry, self.prepacked)
 
 
 # The entry function is the program's skeleton: kernel calls, barriers and control flow; the
@@ -434,17 +352,9 @@ class Renderer:
 SKELETON_OPTIMIZE_LINES = 5000
 
 
-# Workers run the same kernels concurrently on neighbouring data; GCC 12 (-O3 -march=native)
-# produced wrong results under `restrict` there (a 2-row GEMV split by columns over two workers
-# gave wrong rows intermittently; the same source without `restrict` was right in every run),
-# so generated code promises no more than plain C pointers do.
-_NO_RESTRICT = "#define restrict"
-
-
 def assemble(functions: list[Rendered], dialect: Dialect = CPU) -> str:
-    """One C source: headers, preludes, then the entry functions."""
-    head = "\n".join(f"#include <{h}>" for h in dialect.headers)
-    return "\n".join([head, _NO_RESTRICT, _CORE_PRELUDE, PRELUDE, *(f.source for f in functions)])
+    """One C source: the dialect's preamble, the kernels' prelude, then the entry functions."""
+    return "\n".join([preamble(dialect), PRELUDE, *(f.source for f in functions)])
 
 
 def render(uprogram: UProgram, plan: MemoryPlan, dialect: Dialect = CPU, entry: str = "cocktailer_run") -> Rendered:

@@ -52,7 +52,9 @@ def _scalar_constant(program: Program, op) -> str:
 def _compute(program: Program, name: str) -> torch.Tensor:
     kind, attrs, sources = program.derived[name]
     with torch.no_grad():
-        return SEMANTICS[kind](*(program.constants[s] for s in sources), **attrs).contiguous().clone()
+        # one contiguous copy (never a view of a source: refreshing writes into it in place)
+        return SEMANTICS[kind](*(program.constants[s] for s in sources), **attrs).clone(
+            memory_format=torch.contiguous_format)
 
 
 def _versions(program: Program, sources: list[str]) -> tuple[int, ...]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from cocktailer.ir import INDEX, Op, Operation, Program, Region, Value, clone_ops
+from cocktailer.ir.analysis import unrollable
 
 
 def unroll_loops(program: Program, factor: int) -> Program:
@@ -28,11 +29,6 @@ def unroll_loops(program: Program, factor: int) -> Program:
                 ops += _unroll(op, factor) if unrollable(op) else [op]
             region.ops = ops
     return program
-
-
-def unrollable(op: Operation) -> bool:
-    return (op.op is Op.LOOP and op.loop_trip is not None and op.loop_cond is None and not op.loop_stacked
-            and not any(inner.op is Op.LOOP for inner in op.loop_body.walk()))
 
 
 class _Emitter:

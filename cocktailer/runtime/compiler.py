@@ -1,11 +1,11 @@
-"""Compile generated C with the system compiler; cache shared libraries on disk.
+"""Compile generated C with the system compiler into a shared library, kept in the cache.
 
-The cache key is a hash of the source, the flags and the compiler's identity, so a second
-compile of the same model only loads a file. A library is written under a temporary name
-and renamed into place, so processes compiling the same program at once never see a
-half-written file."""
+The key is a hash of the source, the flags and the compiler's identity, so compiling the
+same program again (in this process or another) only loads a file. Entries are written and
+validated as `runtime.cache` describes: a damaged library is compiled again, never loaded."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -13,8 +13,11 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 import torch
+
+from cocktailer.runtime import cache
 
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-fno-math-errno",
          "-Wno-unused-label", "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
@@ -38,42 +41,49 @@ def _compiler_identity(cc: str) -> str:
     return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
 
 
-CACHE_VARIABLE = "COCKTAILER_CACHE_DIR"   # where compiled libraries are kept (read at every compile)
-
-
-def cache_dir() -> Path:
-    path = Path(os.environ.get(CACHE_VARIABLE, Path.home() / ".cache" / "cocktailer"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def _link_flags(source: str) -> list[str]:
-    """PyTorch's own BLAS (MKL) `sgemm_`, when a kernel calls it."""
+    """PyTorch's own BLAS (MKL) `sgemm_`, when a kernel calls it; libm for the math functions."""
     if "sgemm_(" in source:
-        return [f"-L{TORCH_LIB}", "-ltorch_cpu", f"-Wl,-rpath,{TORCH_LIB}"]
-    return []
+        return [f"-L{TORCH_LIB}", "-ltorch_cpu", f"-Wl,-rpath,{TORCH_LIB}", "-lm"]
+    return ["-lm"]
 
 
-def compile_shared_library(source: str) -> Path:
+def compile_shared_library(source: str, extra_flags: Sequence[str] = ()) -> tuple[Path, bool]:
+    """The path of a valid library built from `source`, and whether it came from the cache
+    (else the compiler ran now)."""
     cc = find_compiler()
     if cc is None:
         raise CompilerNotFound("no C compiler found (set CC, or install gcc)")
+    flags = [*FLAGS, *extra_flags]
     link = _link_flags(source)
-    key = hashlib.sha256("\0".join([source, *FLAGS, *link, _compiler_identity(cc)]).encode()).hexdigest()[:32]
-    directory = cache_dir()
+    key = hashlib.sha256("\0".join([source, *flags, *link, _compiler_identity(cc)]).encode()).hexdigest()[:32]
+    directory = cache.cache_dir()
     library = directory / f"ct_{key}.so"
-    if library.exists():
-        return library
-    (directory / f"ct_{key}.c").write_text(source)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
+    if cache.valid(library):
+        return library, True
+    c_file = directory / f"ct_{key}.c"
+    cache.write_atomic(c_file, source.encode())
+    fd, tmp = tempfile.mkstemp(prefix=f".{library.name}.", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
-        result = subprocess.run([cc, *FLAGS, str(directory / f"ct_{key}.c"), "-o", tmp, *link],
-                                capture_output=True, text=True)
+        result = subprocess.run([cc, *flags, str(c_file), "-o", tmp, *link], capture_output=True, text=True)
         if result.returncode != 0:
-            raise RuntimeError(f"C compilation failed ({directory / f'ct_{key}.c'}):\n{result.stderr[-4000:]}")
+            raise RuntimeError(f"C compilation failed ({c_file}):\n{result.stderr[-4000:]}")
         os.replace(tmp, library)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return library
+    cache.commit(library)
+    cache.evict()
+    return library, False
+
+
+def load_library(path: Path, source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
+    """The library at `path` (built from `source`), loaded. An entry that validated but does
+    not load (another process evicted it in between) is built once more."""
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError:
+        cache.forget(path)
+        path, _ = compile_shared_library(source, extra_flags)
+        return ctypes.CDLL(str(path))

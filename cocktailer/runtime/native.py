@@ -1,89 +1,161 @@
-"""A compiled native program: load, bind torch tensors zero-copy, call, report errors."""
+"""A loaded native program: bind torch tensors zero-copy, call, report errors.
+
+The runtime knows the calling convention of a generated entry point, not how it was made:
+the backend says what the scratch memory holds, which constants to bind and how to pack the
+ones kept in a layout of their own (`Packed`)."""
 from __future__ import annotations
 
 import ctypes
 import os
+import statistics
 import threading
-from typing import Sequence
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
-from cocktailer.codegen import kernels
-from cocktailer.codegen.kernels.gemm import prepack_b
-from cocktailer.codegen.renderer import CPU, Rendered, assemble, render
 from cocktailer.errors import CompiledCallError
-from cocktailer.ir import Program, TensorType
-from cocktailer.runtime.compiler import compile_shared_library
-from cocktailer.schedule import Device, SimplePolicy
-from cocktailer.schedule.memory import plan_memory
-from cocktailer.schedule.utask import UProgram
+from cocktailer.ir import TensorType
 
 _ARGTYPES = [ctypes.c_void_p] * 9 + [ctypes.c_int]
 SLOTS_PER_FRAME = 8   # the generated code's CT_SLOTS: resume label, caller frame, fan-out state
 
 
-class CompiledProgram:
-    """Calls the generated `cocktailer_run` once per inference. Inputs, constants and outputs
-    are torch tensors bound by pointer; the scratch arena, the recursion stack and per-worker
-    loop counters are allocated once per thread and reused, so calls are thread-safe."""
+@dataclass(frozen=True)
+class Packed:
+    """A constant bound in a layout of its own (a GEMM's weights in panels): packed when the
+    program loads, and again, in place, whenever `source` has been written since."""
+    source: torch.Tensor
+    pack: Callable[[torch.Tensor], torch.Tensor]
 
-    def __init__(self, program: Program, rendered: Rendered, library: str, workers: int, max_depth: int,
-                 uprogram: UProgram | None = None):
-        self.program = program
-        self.uprogram = uprogram   # the schedule it was generated from (explain prints it)
-        self.rendered = rendered
+
+@dataclass(frozen=True)
+class Entry:
+    """What the runtime must know of a generated entry point `cocktailer_run`-alike."""
+    name: str
+    errors: list[str]                 # err == k + 1 means errors[k]
+    inputs: list[TensorType]
+    outputs: list[TensorType]
+    constants: list                   # per constant slot: a tensor, or Packed
+    arena_bytes: int
+    frame_bytes: int
+    locals_per_frame: int
+    stack_per_worker: bool            # calls fan out to worker groups: one stack of frames per worker
+    needs_all_workers: bool           # uTasks are placed on given workers: no call may run on fewer
+
+
+class Workers:
+    """How many workers the next call runs on.
+
+    On a quiet machine, all of them. Once a call reports that the OS preempted one of its
+    workers (another process wants the cores), calls are contended: workers that meet at
+    barriers may wait out each other's time slices (a 2-worker LSTM beside one busy process
+    took 600 ms a call, 13 ms on one worker), or may still beat fewer workers (an attention
+    decoder: 5.5 ms on 2, 8.5 ms on 1). So while contended, each call runs on whichever of all
+    or half the workers has been faster lately (the median of its last three contended calls),
+    and the other is tried again now and then, after a wait that doubles each time it loses
+    and is at least PROBE_COST times what it took (so trying costs a few percent). A call on
+    all workers that no preemption disturbed ends the contention."""
+
+    FIRST_WAIT, MAX_WAIT = 0.05, 30.0   # seconds before the slower count is tried again
+    PROBE_COST = 20
+
+    def __init__(self, most: int, adaptive: bool):
+        self.most, self.fewer = most, max(1, most // 2)
+        self.adaptive = adaptive and most > 1
+        self.contended = False
+        self.recent: dict[int, deque] = {}   # worker count -> seconds of its last contended calls
+        self.wait, self.retry_at = self.FIRST_WAIT, 0.0
+
+    def _best(self) -> int:
+        """The count whose last few contended calls had the lower median (one slow or lucky
+        call does not decide)."""
+        return min(self.recent, key=lambda n: statistics.median(self.recent[n]))
+
+    def choose(self) -> int:
+        if not self.contended:
+            return self.most
+        best = self._best()
+        other = self.fewer if best == self.most else self.most
+        return other if other not in self.recent or time.monotonic() >= self.retry_at else best
+
+    def report(self, used: int, preempted: int, seconds: float):
+        if not self.adaptive:
+            return
+        if used == self.most and not preempted:
+            self.contended = False
+            return
+        self.contended = True
+        best_before = self._best() if self.recent else used
+        self.recent.setdefault(used, deque(maxlen=3)).append(seconds)
+        best = self._best()
+        if used != best:   # the count tried lost: try it later, later each time it loses
+            self.wait = min(max(2 * self.wait, self.PROBE_COST * seconds), self.MAX_WAIT)
+            self.retry_at = time.monotonic() + self.wait
+        elif best != best_before:   # it won: it runs now, the other is tried after the wait
+            self.wait = min(max(self.wait, self.PROBE_COST * statistics.median(self.recent[best_before])),
+                            self.MAX_WAIT)
+            self.retry_at = time.monotonic() + self.wait
+
+
+class CompiledProgram:
+    """Calls the generated entry once per inference. Inputs, constants and outputs are torch
+    tensors bound by pointer; the scratch arena, the recursion stack and per-worker loop
+    counters are allocated once per thread and reused, so calls are thread-safe."""
+
+    fresh_outputs = True   # every output is a tensor of its own, allocated by the call
+
+    def __init__(self, handle: ctypes.CDLL, library: str, entry: Entry, workers: int, max_depth: int,
+                 record=None):
+        self.library = library
+        self.entry = entry
         self.workers = workers
         self.max_depth = max_depth
-        self.library = library
-        self._fn = getattr(ctypes.CDLL(library), rendered.entry)
+        self.record = record   # what built it (backend.Record: explain prints it); opaque here
+        self._fn = getattr(handle, entry.name)
         self._fn.argtypes = _ARGTYPES
         self._fn.restype = ctypes.c_int64
-        self._constants = [self._constant(n) for n in rendered.plan.const_names]
-        self._packed_from = {n: program.constants[src]._version for n, (src, _) in rendered.prepacked.items()}
+        self._constants = [c.pack(c.source) if isinstance(c, Packed) else c.detach().contiguous()
+                           for c in entry.constants]
+        self._packed_from = {k: c.source._version for k, c in enumerate(entry.constants) if isinstance(c, Packed)}
         self._const_table = (ctypes.c_void_p * max(len(self._constants), 1))(*[t.data_ptr() for t in self._constants])
-        self._input_types = [p.type for p in program.main.params]
-        self._output_types = [v.type for v in program.main.body.yields]
         self._local = threading.local()
+        self.active_workers = Workers(workers, adaptive=not entry.needs_all_workers)
 
     def _scratch(self):
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
-            plan, frames = self.rendered.plan, self.max_depth + 1
-            stacks = self.workers if self.rendered.fans_out else 1   # a group of workers per stack
+            e, frames = self.entry, self.max_depth + 1
+            stacks = self.workers if e.stack_per_worker else 1   # a group of workers per stack
             scratch = self._local.scratch = (
-                torch.empty(max(plan.arena_bytes, 64), dtype=torch.uint8),
-                torch.empty(max(plan.frame_bytes, 64) * self.max_depth * stacks, dtype=torch.uint8)
-                if plan.frame_bytes else torch.empty(64, dtype=torch.uint8),
-                torch.empty(self.workers * frames * plan.locals_per_frame, dtype=torch.int64),
+                torch.empty(max(e.arena_bytes, 64), dtype=torch.uint8),
+                torch.empty(max(e.frame_bytes, 64) * self.max_depth * stacks, dtype=torch.uint8)
+                if e.frame_bytes else torch.empty(64, dtype=torch.uint8),
+                torch.empty(self.workers * frames * e.locals_per_frame, dtype=torch.int64),
                 torch.empty(self.workers * frames * SLOTS_PER_FRAME, dtype=torch.int64),
-                torch.zeros(1, dtype=torch.int64))
+                (ctypes.c_int64 * 2)())   # the error code; how often workers were preempted
         return scratch
 
-    def _constant(self, name: str) -> torch.Tensor:
-        if name in self.rendered.prepacked:
-            source, nr = self.rendered.prepacked[name]
-            return prepack_b(self.program.constants[source], nr)
-        return self.program.constants[name].detach().contiguous()
-
-    def _refresh_prepacked(self):
-        """Pack again, in place, the weights changed since they were packed (their pointers
-        are in the constant table)."""
-        for k, name in enumerate(self.rendered.plan.const_names):
-            if name in self._packed_from:
-                source = self.program.constants[self.rendered.prepacked[name][0]]
-                if source._version != self._packed_from[name]:
-                    self._constants[k].copy_(self._constant(name))
-                    self._packed_from[name] = source._version
+    def _refresh_packed(self):
+        """Pack again, in place, the constants whose source changed since they were packed
+        (their pointers are in the constant table)."""
+        for k, version in self._packed_from.items():
+            packed = self.entry.constants[k]
+            if packed.source._version != version:
+                self._constants[k].copy_(packed.pack(packed.source))
+                self._packed_from[k] = packed.source._version
 
     @property
     def identity(self) -> str:
         """Changes whenever the code or the worker count does (the profiler's cache key)."""
-        return f"{self.library}:{self.rendered.entry}:{self.workers}"
+        return f"{self.library}:{self.entry.name}:{self.workers}"
 
     def check_inputs(self, inputs: Sequence[torch.Tensor]):
-        if len(inputs) != len(self._input_types):
-            raise CompiledCallError(f"expected {len(self._input_types)} tensor inputs, got {len(inputs)}")
-        for k, (x, ty) in enumerate(zip(inputs, self._input_types)):
+        if len(inputs) != len(self.entry.inputs):
+            raise CompiledCallError(f"expected {len(self.entry.inputs)} tensor inputs, got {len(inputs)}")
+        for k, (x, ty) in enumerate(zip(inputs, self.entry.inputs)):
             if x.device.type != "cpu":
                 raise CompiledCallError(f"input {k} is on {x.device}; this program was compiled for the CPU")
             if TensorType.of(x) != ty:
@@ -92,16 +164,20 @@ class CompiledProgram:
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         self.check_inputs(inputs)
         if self._packed_from:
-            self._refresh_prepacked()
+            self._refresh_packed()
         inputs = [x.contiguous() for x in inputs]
-        outputs = [torch.empty(t.shape, dtype=t.dtype) for t in self._output_types]
+        outputs = [torch.empty(t.shape, dtype=t.dtype) for t in self.entry.outputs]
         arena, stack, locals_, rets, err = self._scratch()
         ins = (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs])
         outs = (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs])
+        workers = self.active_workers.choose()
+        start = time.perf_counter()
         code = self._fn(ins, outs, self._const_table, arena.data_ptr(), stack.data_ptr(), self.max_depth,
-                        locals_.data_ptr(), rets.data_ptr(), err.data_ptr(), self.workers)
+                        locals_.data_ptr(), rets.data_ptr(), err, workers)
+        self.active_workers.report(workers, err[1], time.perf_counter() - start)
         if code:
-            message = self.rendered.errors[code - 1] if 0 < code <= len(self.rendered.errors) else f"error {code}"
+            errors = self.entry.errors
+            message = errors[code - 1] if 0 < code <= len(errors) else f"error {code}"
             if "recursion deeper" in message:
                 message += f" ({self.max_depth}); compile with a larger max_depth"
             raise CompiledCallError(message)
@@ -109,21 +185,5 @@ class CompiledProgram:
 
 
 def default_workers() -> int:
+    """The CPUs this process may run on (its affinity mask: a container's or taskset's limit)."""
     return len(os.sched_getaffinity(0))
-
-
-def compile_together(programs: list[tuple[Program, bool]], device: Device, prefix: str,
-                     max_depth: int) -> list[CompiledProgram]:
-    """Programs (each with whether to co-schedule its waves) scheduled by the simple policy and
-    compiled as the entries `{prefix}_{k}` of one shared library: one compiler run for all of
-    them (the host backend's basic blocks, the two variants of every wave)."""
-    parts = []
-    for k, (program, wavefront) in enumerate(programs):
-        plan = plan_memory(program, wave_workers=device.workers if wavefront else 0)
-        uprogram = SimplePolicy(device, can_run_natively=kernels.supported, wavefront=wavefront).schedule(program, plan)
-        parts.append((program, uprogram, render(uprogram, plan, CPU, entry=f"{prefix}_{k}")))
-    if not parts:
-        return []
-    library = str(compile_shared_library(assemble([rendered for *_, rendered in parts])))
-    return [CompiledProgram(program, rendered, library, device.workers, max_depth, uprogram)
-            for program, uprogram, rendered in parts]

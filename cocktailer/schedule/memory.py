@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cocktailer.ir import Function, Op, Operation, Program, Region, Value
-from cocktailer.passes.calls import independent_call_runs
+from cocktailer.ir.analysis import independent_call_runs
 from cocktailer.schedule.wavefront import co_scheduled
 
 ALIGN = 64
@@ -255,13 +255,13 @@ def _passed_through(program: Program, plan: MemoryPlan) -> dict[int, Buffer]:
     return {pid: b for pid, b in source.items() if isinstance(b, Buffer)}
 
 
-def plan_memory(program: Program, fan_out: bool = False, wave_workers: int = 0,
-                excluded_waves: frozenset = frozenset()) -> MemoryPlan:
-    """`fan_out`: the schedule runs independent adjacent calls at once (recursion unroll).
-    `wave_workers`: it co-schedules waves on this many workers (0: it does not), except the
-    `excluded_waves` (see schedule.wavefront.co_scheduled)."""
+def plan_memory(program: Program, config=None, excluded_waves: frozenset = frozenset()) -> MemoryPlan:
+    """`config` (a backend.Config; None: neither of these): with `fan_out`, the placement runs
+    independent adjacent calls at once (recursion unroll); with `wavefront`, it co-schedules
+    waves on `workers` workers, except the `excluded_waves` (see schedule.wavefront.co_scheduled)."""
+    fan_out = config is not None and config.fan_out
+    waves = (config.workers if config is not None and config.wavefront else 0, excluded_waves)
     plan = MemoryPlan()
-    waves = (wave_workers, excluded_waves)
     plan.arena_bytes = _plan_function(program.main, plan, "arena", fan_out, waves)
     passed_through = _passed_through(program, plan)
     for name, fn in program.functions.items():

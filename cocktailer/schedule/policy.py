@@ -1,28 +1,27 @@
-"""Scheduling: IR Program -> uProgram.
+"""Placement: IR Program -> uProgram, the simple policy.
 
-The interfaces follow Cocktailer's scheduling primitives so that Algorithm 1 (a later issue)
-plugs in: `schedule_operator` turns a data op into a uOperator, `schedule_control_flow`
-places a control-flow op at a unit level if legal, `set_resource` fixes how many units of a
-level a uProgram uses, and `profiler` measures a candidate. `SimplePolicy` is the
-baseline: control flow at L1 whenever legal (Constraint 1), each worker runs its own copy
-of the control flow and its share of every uOperator, and a global barrier before every op
-that reads a buffer written since the last barrier (read after write) or writes a buffer
-read or written since then (write after read: the memory plan reuses buffers), and before
-every control-flow construct. With `wavefront` (Rammer's co-scheduling), the independent
-ops of a wave may instead run side by side on groups of workers (`place_wave`), and where
-not every worker must wait for every other, a fine-grained barrier (`Sync`: a step array of
-per-worker counters) makes each worker wait only for those it depends on."""
+Cocktailer's scheduling primitives: `schedule_operator` turns a data op into a uOperator,
+`schedule_control_flow` places a control-flow op at a unit level if legal; the worker count
+(SetResource) is the configuration's. The simple policy puts control flow at L1 (the
+backend has checked Constraint 1: every op has a native kernel): each worker runs its own
+copy of the control flow and its share of every uOperator, and a global barrier comes before
+every op that reads a buffer written since the last barrier (read after write) or writes a
+buffer read or written since then (write after read: the memory plan reuses buffers), and
+before every control-flow construct. With `wavefront` (Rammer's co-scheduling), the
+independent ops of a wave may instead run side by side on groups of workers (`place_wave`),
+and where not every worker must wait for every other, a fine-grained barrier (`Sync`: a step
+array of per-worker counters) makes each worker wait only for those it depends on. The
+measured policy (`search.py`, Algorithm 1) chooses among configurations of this one."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 from cocktailer.ir import Op, Operation, Program, Region, Value
+from cocktailer.ir.analysis import independent_call_runs
 from cocktailer.ir.ops import BINARY, UNARY
 from cocktailer.schedule.device import Device
 from cocktailer.schedule.memory import MemoryPlan
 from cocktailer.schedule.wavefront import co_scheduled, op_work
-from cocktailer.passes.calls import independent_call_runs
 from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, Sync, UOperator, UProgram, UTaskRef
 
 MAP_OPS = UNARY | BINARY | {Op.WHERE, Op.FULL}
@@ -42,7 +41,7 @@ def map_partition(op: Operation) -> tuple[int, int] | None:
 
 # Below this much work in its largest operator, a program runs on one worker: splitting ops
 # that small costs more in barriers than it saves (a batch-1 RNN cell of hidden 8 runs faster
-# alone). The profiler-driven policy (Algorithm 1) replaces this rule by measurement.
+# alone). The measured policy (Algorithm 1) replaces this rule by measurement.
 MIN_WORK_FOR_PARALLELISM = 1 << 15
 
 
@@ -53,54 +52,41 @@ def useful_workers(program: Program, available: int) -> int:
 
 
 class SimplePolicy:
-    """Control flow at L1; one uTask per worker for every operator; global barriers."""
+    """Control flow at L1; one uTask per worker for every operator; global barriers, or with
+    wavefront co-scheduling, waves side by side and fine-grained barriers where they apply.
+    `config`: a backend.Config with its worker count resolved; `excluded_waves`: waves
+    measured slower side by side (backend.waves)."""
 
-    def __init__(self, device: Device, profiler: Callable[[UProgram], float] | None = None,
-                 can_run_natively: Callable[[Operation], bool] = lambda op: True, fan_out: bool = False,
-                 wavefront: bool = False, fine_barriers: bool = True, excluded_waves: frozenset = frozenset()):
-        if fan_out and wavefront:
-            # a fan-out's groups run different numbers of steps, so the step array would disagree
-            raise ValueError("wavefront co-scheduling and fan-out of calls cannot be combined")
-        self.device = device
-        self.fan_out = fan_out              # run adjacent independent calls on worker groups at once
-        self.wavefront = wavefront          # Rammer: independent ops of a wave side by side on worker groups
-        self.fine_barriers = fine_barriers  # where not all wait for all, a step-array barrier, not a global one
-        self.excluded_waves = excluded_waves   # waves measured slower side by side (runtime.waves)
-        self.profiler = profiler            # unused by this policy; Algorithm 1 compares candidates with it
-        self.can_run_natively = can_run_natively
-        self.units = {level.name: level.count for level in device.unit_levels}
+    def __init__(self, config, excluded_waves: frozenset = frozenset()):
+        self.config = config
+        self.device = Device.cpu(config.workers)
+        self.excluded_waves = excluded_waves
+        self.units = {level.name: level.count for level in self.device.unit_levels}
 
     # -- the scheduling primitives ----------------------------------------------------
     def schedule_operator(self, op: Operation) -> UOperator:
         return UOperator(op, self.units["L1"])
 
-    def schedule_control_flow(self, program: Program, level: str) -> tuple[bool, str]:
-        """Constraint 1: control flow may sit at L1 only if every data op it controls runs
-        on L1 units (here: every op has a native kernel); L0 would split an op's uTasks
-        across control-flow copies that disagree, so it is never legal for whole ops."""
+    def schedule_control_flow(self, level: str) -> tuple[bool, str]:
+        """Constraint 1 for whole operators: control flow at L0 would split an op's uTasks
+        across control-flow copies that disagree, so it is never legal there."""
         if level == "L0":
             return False, "L0 (SIMD lanes) cannot hold control flow over whole operators"
-        unsupported = sorted({op.op.name for op in program.walk() if op.op not in (Op.IF, Op.LOOP, Op.CALL, Op.CONST)
-                              and not self.can_run_natively(op)})
-        if level == "L1" and unsupported:
-            return False, f"ops without a native kernel: {', '.join(unsupported)}"
-        return True, f"legal at {level}"
-
-    def set_resource(self, uprogram: UProgram, level: str, units: int):
-        self.units[level] = units
+        return True, f"legal at {level}: every op it controls has a native kernel"
 
     # -- the policy ---------------------------------------------------------------------
     def schedule(self, program: Program, plan: MemoryPlan, control_level: str = "L1") -> UProgram:
-        ok, why = self.schedule_control_flow(program, control_level)
+        ok, why = self.schedule_control_flow(control_level)
         if not ok:
             raise ValueError(f"control flow cannot run at {control_level}: {why}")
         self.plan = plan
         functions = {name: self._block(fn.body) for name, fn in program.functions.items()}
-        fan = "; independent calls fan out to worker groups" if self.fan_out else ""
-        barriers = "global barriers where all wait for all, else fine-grained ones" if self.fine_barriers \
+        c = self.config
+        fan = "; independent calls fan out to worker groups" if c.fan_out else ""
+        barriers = "global barriers where all wait for all, else fine-grained ones" if c.fine_barriers \
             else "global barriers"
         tasks = ("wavefront: independent operators of a wave side by side on worker groups where balanced, "
-                 f"else one uTask per worker; {barriers}" if self.wavefront
+                 f"else one uTask per worker; {barriers}" if c.wavefront
                  else "one uTask per worker per operator; global barriers")
         return UProgram(program, self.device, functions, control_level,
                         [f"control flow at {control_level} ({why}); {self.units['L1']} worker(s); {tasks}{fan}"])
@@ -113,10 +99,11 @@ class SimplePolicy:
 
     def _block(self, region: Region) -> Block:
         block = Block()
-        hazards = _Hazards(self.units["L1"], self.fine_barriers)
+        fine = self.config.fine_barriers
+        hazards = _Hazards(self.units["L1"], fine)
         groups = {k: g for wave in co_scheduled(region, self.units["L1"], self.excluded_waves)
-                  for k, g in wave.items()} if self.wavefront else {}
-        fan_outs = {id(run[0]): run for run in independent_call_runs(region)} if self.fan_out else {}
+                  for k, g in wave.items()} if self.config.wavefront else {}
+        fan_outs = {id(run[0]): run for run in independent_call_runs(region)} if self.config.fan_out else {}
         grouped = {id(op) for run in fan_outs.values() for op in run}
         for op in region.ops:
             if op.regions or op.op is Op.CALL:
@@ -126,7 +113,7 @@ class SimplePolicy:
                     block.items.append(Barrier(tuple(op.operands)))
                 run = fan_outs.get(id(op))
                 block.items.append(FanOut([self._control(c) for c in run], "L1") if run else self._control(op))
-                hazards = _Hazards(self.units["L1"], self.fine_barriers)   # control flow ends with a barrier
+                hazards = _Hazards(self.units["L1"], fine)   # control flow ends with a barrier
                 continue
             group = groups.get(id(op))
             key = map_partition(op)

@@ -22,51 +22,29 @@ steps, in this order:
    workers in turn, or each on its group), measured faster so; global barriers;
 7. fine-grained barriers: the same, each worker waiting only for the workers it depends on.
 
-`steps` limits the search to some of these (the benchmark's Figure 19 adds them one by one).
-Last, `confirm` (given by the runtime) times the choice against the simple policy's candidate
-(control flow at L1 on all workers) in alternating rounds, and the simple one stays unless the
-choice is confirmed faster.
+A candidate is a configuration (backend.Config) derived from the one the search starts from,
+whose `steps` limit the search to some of these (the benchmark's Figure 19 adds them one by
+one). Last, `confirm` (given by the backend) times the choice against the simple policy's
+candidate (control flow at L1 on all workers) in alternating rounds, and the simple one stays
+unless the choice is confirmed faster.
 
-The schedule layer only decides what to try: `measure(candidate)` (given by the runtime)
+The schedule layer only decides what to try: `measure(candidate)` (given by the backend)
 builds and times a candidate, or raises if it cannot be built, and the search goes on
 without it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
-from cocktailer.ir import CONTROL, Op, Operation, Program
-from cocktailer.passes.calls import has_independent_calls
-from cocktailer.passes.unroll import unrollable
-from cocktailer.schedule.levels import native_legal, nesting_depths
+from cocktailer.ir import CONTROL, Program
+from cocktailer.ir.analysis import HasKernel, has_independent_calls, native_legal, nesting_depths, \
+    runs_in_python, unrollable
 
 # A step is kept only when it is at least this much faster (a smaller difference is noise).
 KEEP_MARGIN = 0.97
 UNROLL = 4   # the loop unroll step tries this many steps per iteration
-STEPS = ("host level", "nested constructs at L1", "control flow at L1", "SetResource", "recursion unroll",
-         "loop unroll", "wavefront", "fine-grained barriers")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    control: str = "L1"      # where control flow runs: "L1" (inside the native program) or "host"
-    workers: int = 1         # L1 units (SetResource)
-    fan_out: bool = False    # recursion unroll: independent calls on groups of workers at once
-    unroll: int = 1          # loop unroll: steps per iteration of innermost loops with a trip count
-    wavefront: bool = False  # independent ops side by side on groups of workers
-    fine_barriers: bool = False   # with wavefront: each worker waits only for those it depends on
-    native_from: int | None = None   # "host": constructs nested at least this deep run at L1 (in native blocks)
-
-    def __str__(self) -> str:
-        where = "control flow at L1" if self.control == "L1" else "control flow on the host"
-        if self.control == "host" and self.native_from is not None:
-            where = f"constructs nested {self.native_from}+ deep at L1 in native blocks, the rest on the host"
-        fan = ", independent calls fan out" if self.fan_out else ""
-        unroll = f", loops unrolled by {self.unroll}" if self.unroll > 1 else ""
-        wave = (", wavefront co-scheduling" + (" with fine-grained barriers" if self.fine_barriers else "")
-                if self.wavefront else "")
-        return f"{where}, {self.workers} worker{'s' if self.workers > 1 else ''}{fan}{unroll}{wave}"
+Candidate = Any   # a backend.Config
 
 
 @dataclass
@@ -86,13 +64,12 @@ class NoCandidate(RuntimeError):
         super().__init__("no candidate could be built: " + "; ".join(f"{t.candidate}: {t.error}" for t in trials))
 
 
-def _levels_down(program: Program, can_run_natively: Callable[[Operation], bool]) -> list[int]:
+def _levels_down(program: Program, has_kernel: HasKernel) -> list[int]:
     """The nesting depths Algorithm 1 moves to L1, deepest first. Depth 0 with every op
     native is the whole program at L1, the next step's candidate."""
     depths = nesting_depths(program)
-    levels = sorted({depths[k] for k in native_legal(program, can_run_natively)}, reverse=True)
-    data_ops = (op for op in program.walk() if op.op not in CONTROL and op.op is not Op.CONST)
-    everything_native = all(can_run_natively(op) for op in data_ops)
+    levels = sorted({depths[k] for k in native_legal(program, has_kernel)}, reverse=True)
+    everything_native = not any(runs_in_python(op, has_kernel) for op in program.walk())
     return [d for d in levels if d > 0 or not everything_native]
 
 
@@ -100,14 +77,13 @@ def has_control_flow(program: Program) -> bool:
     return any(op.op in CONTROL for op in program.walk())
 
 
-def search(program: Program, workers: int, measure: Callable[[Candidate], float],
-           steps: tuple[str, ...] = STEPS,
-           can_run_natively: Callable[[Operation], bool] = lambda op: True,
+def search(program: Program, start: Candidate, measure: Callable[[Candidate], float],
+           has_kernel: HasKernel = lambda op: True,
            confirm: Callable[[Candidate, Candidate], tuple[float, float]] | None = None
            ) -> tuple[Candidate, list[Trial]]:
-    unknown = set(steps) - set(STEPS)
-    if unknown:
-        raise ValueError(f"unknown policy steps {sorted(unknown)}; known: {', '.join(STEPS)}")
+    """The best candidate and every trial. `start`: the simple policy's configuration, control
+    flow at L1 on the most workers the search may use (its `workers`), taking `start.steps`."""
+    steps, workers = start.steps, start.workers
     trials: list[Trial] = []
     best: list[Trial] = []   # the kept trial (at most one)
 
@@ -127,15 +103,15 @@ def search(program: Program, workers: int, measure: Callable[[Candidate], float]
             trial.kept = True
             best[:] = [trial]
 
-    everything_at_l1 = Candidate("L1", workers)
+    everything_at_l1 = start
 
     def best_at_l1() -> Candidate:
         return best[0].candidate if best and best[0].candidate.control == "L1" else everything_at_l1
 
     if has_control_flow(program):
-        attempt("host level", Candidate("host", workers))
-        for depth in _levels_down(program, can_run_natively):
-            attempt("nested constructs at L1", Candidate("host", workers, native_from=depth))
+        attempt("host level", replace(start, backend="host"))
+        for depth in _levels_down(program, has_kernel):
+            attempt("nested constructs at L1", replace(start, backend="host", native_from=depth))
     attempt("control flow at L1", everything_at_l1)
     units = workers // 2
     while units >= 1:
@@ -150,7 +126,7 @@ def search(program: Program, workers: int, measure: Callable[[Candidate], float]
         attempt("loop unroll", replace(best_at_l1(), unroll=UNROLL))
     base = best_at_l1()
     if base.workers > 1 and not base.fan_out:   # a fan-out's groups already split the workers
-        attempt("wavefront", replace(base, wavefront=True))
+        attempt("wavefront", replace(base, wavefront=True, fine_barriers=False))
         attempt("fine-grained barriers", replace(best_at_l1(), wavefront=True, fine_barriers=True))
     if not best:
         raise NoCandidate(trials)

@@ -82,3 +82,30 @@ class UProgram:
     functions: dict[str, Block]       # one block per IR function, entry first
     control_level: str                # where control flow runs: "L1" (in native code) or "host" (Python)
     decisions: list[str] = field(default_factory=list)   # what the policy chose and why, for explain()
+
+    # -- what the placement did, as later stages need to know it ---------------------------
+    def items(self):
+        """Every item at any depth."""
+        pending = [item for block in self.functions.values() for item in block.items]
+        while pending:
+            item = pending.pop()
+            yield item
+            if isinstance(item, LoopUTask):
+                pending += item.body.items + (item.cond.items if item.cond else [])
+            elif isinstance(item, BranchUTask):
+                pending += item.then.items + item.orelse.items
+
+    @property
+    def co_scheduled(self) -> bool:
+        """Some uTasks run on a group of the workers: the program needs every worker it was placed on."""
+        return any(isinstance(i, UOperator) and i.group is not None for i in self.items())
+
+    @property
+    def fine_barriers(self) -> bool:
+        """Some synchronizations are fine-grained (a step array): they too need every worker."""
+        return any(isinstance(i, Sync) for i in self.items())
+
+    @property
+    def fans_out(self) -> bool:
+        """Calls fan out to worker groups, each with a stack of frames of its own."""
+        return any(isinstance(i, FanOut) for i in self.items())

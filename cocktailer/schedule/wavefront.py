@@ -2,12 +2,12 @@
 `passes.wavefront`) do not depend on each other, so they may run side by side, each on a
 group of workers, instead of each on all workers one after another. Used by the policy (which
 places them), by the memory plan (ops that run side by side must not share buffers) and by
-`runtime.waves`, which times each placed wave in both variants and excludes the ones that
+`backend.waves`, which times each placed wave in both variants and excludes the ones that
 are not faster side by side."""
 from __future__ import annotations
 
 from cocktailer.ir import Op, Operation, Region
-from cocktailer.passes.wavefront import straight_line_runs, waves
+from cocktailer.ir.analysis import straight_line_runs, waves
 
 
 def op_work(op: Operation) -> int:

@@ -150,7 +150,7 @@ def map_kernel(ctx: KernelContext, out: Value, operands: Sequence[Value],
     lines = [prologue, *decl, split(ctx, n, grain(out.type.dtype))]
     if len(sizes) == 1:
         loads = [f"k_x{i}[k_i]" if s[-1] else f"k_x{i}[0]" for i, s in enumerate(sts)]
-        lines += ["#pragma omp simd", f"for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_y[k_i] = {element(loads)};"]
+        lines += [ctx.simd(), f"for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_y[k_i] = {element(loads)};"]
         return block(*lines)
     outer = sizes[:-1]
     row = ["const int64_t k_r = k_i / %d, k_j0 = k_i - k_r * %d;" % (inner, inner),
@@ -159,7 +159,7 @@ def map_kernel(ctx: KernelContext, out: Value, operands: Sequence[Value],
         row.append(f"const {ctype(operands[i].type.dtype)}* k_p{i} = k_x{i} + {offset_expr('k_r', outer, s[:-1])};")
     row.append(f"{ctype(out.type.dtype)}* k_q = k_y + k_r * {inner};")
     loads = [f"k_p{i}[k_j]" if s[-1] else f"k_p{i}[0]" for i, s in enumerate(sts)]
-    lines += ["for (int64_t k_i = k_lo; k_i < k_hi; ) {", *row, "#pragma omp simd",
+    lines += ["for (int64_t k_i = k_lo; k_i < k_hi; ) {", *row, ctx.simd(),
               f"for (int64_t k_j = k_j0; k_j < k_j1; ++k_j) k_q[k_j] = {element(loads)};",
               "k_i += k_j1 - k_j0;", "}"]
     return block(*lines)
@@ -178,14 +178,14 @@ def strided_copy(ctx: KernelContext, out: Value, src: str, src_dtype: torch.dtyp
     lines = [f"{cty}* k_y = {ctx.ptr(out)};", f"const {ctype(src_dtype)}* k_x = {src};",
              split(ctx, n, grain(out.type.dtype))]
     if not outer:
-        lines += ["#pragma omp simd", f"for (int64_t k_j = k_lo; k_j < k_hi; ++k_j) k_y[k_j] = k_x[{base} + {step}];"]
+        lines += [ctx.simd(), f"for (int64_t k_j = k_lo; k_j < k_hi; ++k_j) k_y[k_j] = k_x[{base} + {step}];"]
         return block(*lines)
     lines += ["for (int64_t k_i = k_lo; k_i < k_hi; ) {",
               f"const int64_t k_r = k_i / {inner}, k_j0 = k_i - k_r * {inner};",
               f"const int64_t k_j1 = CK_MIN({inner}, k_j0 + (k_hi - k_i));",
               f"const {ctype(src_dtype)}* k_p = k_x + {base} + {offset_expr('k_r', outer, sts[:-1])};",
               f"{cty}* k_q = k_y + k_r * {inner};",
-              "#pragma omp simd",
+              ctx.simd(),
               f"for (int64_t k_j = k_j0; k_j < k_j1; ++k_j) k_q[k_j] = k_p[{step}];",
               "k_i += k_j1 - k_j0;", "}"]
     return block(*lines)

@@ -1,5 +1,5 @@
 """What a kernel renderer needs from the backend core: how to address values, who the
-worker is, how to report a run-time error, and fresh C names."""
+worker is, how to report a run-time error, fresh C names, and the dialect's vector loops."""
 from __future__ import annotations
 
 import itertools
@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from cocktailer.codegen.dialect import CPU
 from cocktailer.ir import Value
 
 _CTYPES = {
@@ -45,3 +46,5 @@ class KernelContext:
     # C expression: `const float*` to a constant B prepacked for NR-wide panels (gemm.prepack_b),
     # or None where the backend does not prepack (the kernel then packs B as it goes)
     prepacked: Callable[[Value, int], str | None] = field(default=lambda value, nr: None)
+    # the annotation of a vector loop (L0 lanes), with reductions like "+:acc" (the dialect's)
+    simd: Callable[..., str] = field(default=CPU.simd)

@@ -31,7 +31,7 @@ def render_full(op: Operation, ctx: KernelContext) -> str:
         return ""
     value = lit(op.attrs["value"], out.type.dtype)
     return block(f"{ctype(out.type.dtype)}* k_y = {ctx.ptr(out)};", split(ctx, n, grain(out.type.dtype)),
-                 "#pragma omp simd", f"for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_y[k_i] = {value};")
+                 ctx.simd(), f"for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_y[k_i] = {value};")
 
 
 def render_arange(op: Operation, ctx: KernelContext) -> str:
@@ -46,7 +46,7 @@ def render_arange(op: Operation, ctx: KernelContext) -> str:
     start, step = lit(op.attrs["start"], acc), lit(op.attrs["step"], acc)
     value = convert(f"({start} + {step} * ({ctype(acc)})k_i)", acc, dt)
     return block(f"{ctype(dt)}* k_y = {ctx.ptr(out)};", split(ctx, n, grain(dt)),
-                 "#pragma omp simd", f"for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_y[k_i] = {value};")
+                 ctx.simd(), f"for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_y[k_i] = {value};")
 
 
 # -- unary ---------------------------------------------------------------------------------

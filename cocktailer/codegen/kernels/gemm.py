@@ -309,14 +309,25 @@ def k_blocks(k: int) -> int:
 
 def prepack_b(b: torch.Tensor, nr: int) -> torch.Tensor:
     """B (K x N, float32) in the layout the driver reads a prepacked B in: per block of kcb
-    rows, NR-wide panels of kc x NR floats, zero-padded to npad = N rounded up to NR."""
+    rows, NR-wide panels of kc x NR floats, zero-padded to npad = N rounded up to NR. One copy
+    of B (a program's weights are packed at every load)."""
     k, n = b.shape
-    npad = -(-n // nr) * nr
-    padded = torch.nn.functional.pad(b.detach().float(), (0, npad - n))
+    if not k:
+        return torch.zeros(1)
+    npad, full = -(-n // nr) * nr, n // nr
+    src = b.detach().float()
+    out = torch.empty(k * npad)
     kcb = k_blocks(k)
-    blocks = [padded[kb:kb + kcb].reshape(-1, npad // nr, nr).permute(1, 0, 2).reshape(-1)
-              for kb in range(0, k, kcb)] if k else []
-    return torch.cat(blocks).contiguous() if blocks else torch.zeros(1)
+    for kb in range(0, k, kcb):
+        kc = min(kcb, k - kb)
+        panels = out[kb * npad:(kb + kc) * npad].view(npad // nr, kc, nr)
+        rows = src[kb:kb + kc]
+        if full:
+            panels[:full].copy_(rows[:, :full * nr].unflatten(1, (full, nr)).permute(1, 0, 2))
+        if full * nr < n:
+            panels[full, :, :n - full * nr].copy_(rows[:, full * nr:])
+            panels[full, :, n - full * nr:].zero_()
+    return out
 
 
 def choose_variant(m: int, n: int) -> tuple[int, int]:

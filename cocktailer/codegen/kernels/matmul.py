@@ -93,7 +93,7 @@ def narrow(nb, M, K, N, a_off, b_off, ctx, bias: str | None = None) -> list[str]
         f"const float* k_pa = k_a + {a_off} + k_m * {K}; const float* k_pb = k_b + {b_off};",
         f"float* k_pc = k_c + k_row * {N};"]
     if N == 1:
-        lines += ["float k_s = 0;", "#pragma omp simd reduction(+:k_s)",
+        lines += ["float k_s = 0;", ctx.simd("+:k_s"),
                   f"for (int64_t k_k = 0; k_k < {K}; ++k_k) k_s += k_pa[k_k] * k_pb[k_k];", f"k_pc[0] = k_s + {init};"]
     else:
         lines += [f"float k_s[{N}] = {{0}};",
@@ -168,6 +168,6 @@ def _generic(dt, nb, M, K, N, a_off, b_off, ctx) -> list[str]:
         f"{T}* k_pc = k_c + k_row * {N};",
         f"for (int64_t k_n = 0; k_n < {N}; ++k_n) k_pc[k_n] = 0;",
         f"for (int64_t k_k = 0; k_k < {K}; ++k_k) {{ const {T} k_v = k_pa[k_k];",
-        "#pragma omp simd",
+        ctx.simd(),
         f"for (int64_t k_n = 0; k_n < {N}; ++k_n) {upd} }}",
         "}"]

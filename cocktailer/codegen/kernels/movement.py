@@ -93,7 +93,7 @@ def render_cat(op: Operation, ctx: KernelContext) -> str:
         if src == out.type.dtype:
             lines.append(f"if (k_a < k_b) memcpy(k_q + k_a, k_s + (k_a - {off}), (size_t)(k_b - k_a) * sizeof({T})); }}")
         else:
-            lines.append("#pragma omp simd")
+            lines.append(ctx.simd())
             lines.append(f"for (int64_t k_j = k_a; k_j < k_b; ++k_j) k_q[k_j] = {convert(f'k_s[k_j - {off}]', src, out.type.dtype)}; }}")
         off += length
     lines += ["k_i += k_e - k_c;", "}"]
@@ -167,7 +167,7 @@ def render_update(op: Operation, ctx: KernelContext) -> str:
                   f"const int64_t k_j0 = k_s >= k_lo ? 0 : (k_lo - k_s + {so - 1}) / {so};",
                   f"const int64_t k_j1 = CK_MIN({L}, (k_hi - k_s + {so - 1}) / {so});",
                   f"const {ctype(v.type.dtype)}* k_pv = k_v + {offset_expr('k_r', outer, vst[:-1])};",
-                  "#pragma omp simd",
+                  ctx.simd(),
                   f"for (int64_t k_j = k_j0; k_j < k_j1; ++k_j) k_y[k_s + k_j * {so}] = "
                   f"{convert(f'k_pv[k_j * {sv}]', v.type.dtype, out.type.dtype)};",
                   "}"]

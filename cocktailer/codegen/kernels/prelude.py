@@ -1,8 +1,9 @@
-"""C helpers every kernel may use, included once at the top of each generated file.
+"""C helpers every kernel may use, included once in each generated file, after the dialect's
+preamble (its headers: stdint, string, math).
 
 Everything here is `static` (each generated file has its own copy) and prefixed `ck_`.
 The math functions are written without branches so GCC vectorizes the loops that call
-them (`#pragma omp simd`); glibc's scalar expf/tanhf would keep those loops scalar. Their
+them (the dialect's vector loops); glibc's scalar expf/tanhf would keep those loops scalar. Their
 error is within ~2 ulp of the correctly rounded value (torch's own vectorized versions, Sleef,
 are within 1 ulp), and inf/nan/overflow/underflow come out as torch's do. Compile with
 -fno-math-errno (the CPU backend does) so that loops calling sqrtf/floorf vectorize too.
@@ -13,11 +14,6 @@ from cocktailer.codegen.kernels.convgemm import CONV_C
 from cocktailer.codegen.kernels.gemm import GEMM_C
 
 _BASE = r"""
-#include <stdint.h>
-#include <string.h>
-#include <math.h>
-#include <omp.h>
-
 #define CK_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define CK_MAX(a, b) ((a) > (b) ? (a) : (b))
 

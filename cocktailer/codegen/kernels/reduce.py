@@ -3,7 +3,7 @@ and SOFTMAX/LOG_SOFTMAX.
 
 The input's dims are grouped into runs of kept and reduced dims (size-1 dims dropped). When
 the innermost run is reduced, each output element reduces contiguous rows with a
-`#pragma omp simd` reduction ("row" pattern); when it is kept, a chunk of up to 64
+vector-loop reduction ("row" pattern); when it is kept, a chunk of up to 64
 neighbouring outputs is accumulated as a vector over the reduced indices ("column" pattern).
 Workers split the outputs. NaN propagates through AMAX/AMIN (and ARGMAX/ARGMIN pick the
 first NaN) as in torch.
@@ -72,27 +72,27 @@ def _nested(groups: list[tuple[int, bool, int]], body: list[str], off: str) -> l
 # -- SUM MEAN PROD AMAX AMIN ANY ALL -----------------------------------------------------------
 
 def _spec(kind: Op, src: torch.dtype, dst: torch.dtype):
-    """(accumulator C type, init, update(acc, v) statement, omp reduction clause, final(acc) expr)
+    """(accumulator C type, init, update(acc, v) statement, reduction operator, NaN tracking)
     where v is the element converted to the accumulator's type."""
     if kind in (Op.SUM, Op.MEAN, Op.PROD):
         acc_t = ctype(dst) if is_float(dst) else "uint64_t"
         o = "+" if kind is not Op.PROD else "*"
         init = "0" if kind is not Op.PROD else "1"
-        return acc_t, init, f"{{a}} {o}= {{v}};", f"reduction({o}:{{a}})", None
+        return acc_t, init, f"{{a}} {o}= {{v}};", o, None
     if kind in (Op.ANY, Op.ALL):
         o = "|" if kind is Op.ANY else "&"
-        return "uint8_t", "0" if kind is Op.ANY else "1", f"{{a}} {o}= (uint8_t)({{v}});", f"reduction({o}:{{a}})", None
+        return "uint8_t", "0" if kind is Op.ANY else "1", f"{{a}} {o}= (uint8_t)({{v}});", o, None
     # AMAX / AMIN: NaN is tracked apart so the comparison vectorizes as a plain max/min
     cmp = ">" if kind is Op.AMAX else "<"
     mm = "max" if kind is Op.AMAX else "min"
     if is_float(src):
         inf = "INFINITY" if src is torch.float32 else "((double)INFINITY)"
         init = f"-{inf}" if kind is Op.AMAX else inf
-        return ctype(src), init, f"{{a}} = {{v}} {cmp} {{a}} ? {{v}} : {{a}};", f"reduction({mm}:{{a}})", "nan"
+        return ctype(src), init, f"{{a}} = {{v}} {cmp} {{a}} ? {{v}} : {{a}};", mm, "nan"
     info = torch.iinfo(src) if src is not torch.bool else None
     lo, hi = (0, 1) if info is None else (info.min, info.max)
     init = lit(lo if kind is Op.AMAX else hi, src if src is not torch.bool else torch.uint8)
-    return ctype(src), init, f"{{a}} = {{v}} {cmp} {{a}} ? {{v}} : {{a}};", f"reduction({mm}:{{a}})", None
+    return ctype(src), init, f"{{a}} = {{v}} {cmp} {{a}} ? {{v}} : {{a}};", mm, None
 
 
 def _element(kind: Op, v: str, src: torch.dtype, acc_t: str, dst: torch.dtype) -> str:
@@ -134,9 +134,9 @@ def render_reduce(op: Operation, ctx: KernelContext) -> str:
         outer_red = [g for g in groups[:-1] if g[1]]
         nan_decl = "int k_nan = 0;" if nan else ""
         nan_upd = " k_nan |= k_p[k_j] != k_p[k_j];" if nan else ""
-        nan_clause = " reduction(|:k_nan)" if nan else ""
+        nan_reduction = ("|:k_nan",) if nan else ()
         body = [f"const {ctype(src)}* k_p = k_x + k_off;",
-                f"#pragma omp simd {clause.format(a='k_acc')}{nan_clause}",
+                ctx.simd(f"{clause}:k_acc", *nan_reduction),
                 f"for (int64_t k_j = 0; k_j < {inner}; ++k_j) {{ {update.format(a='k_acc', v=v)}{nan_upd} }}"]
         lines = [*head, split(ctx, n_out, grain(dst)),
                  "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) {",
@@ -155,7 +155,7 @@ def render_reduce(op: Operation, ctx: KernelContext) -> str:
     nan_decl = f"uint8_t k_nan[{ch}] = {{0}};" if nan else ""
     nan_upd = " k_nan[k_j] |= k_p[k_j] != k_p[k_j];" if nan else ""
     body = [f"const {ctype(src)}* k_p = k_x + k_off + k_j0;",
-            "#pragma omp simd",
+            ctx.simd(),
             f"for (int64_t k_j = 0; k_j < k_n; ++k_j) {{ {update.format(a='k_acc[k_j]', v=v)}{nan_upd} }}"]
     fin = _finish(kind, "k_acc[k_j]", count, dst, "k_nan[k_j]" if nan else None)
     lines = [*head, split(ctx, n_tasks, 1),
@@ -222,18 +222,18 @@ def render_softmax(op: Operation, ctx: KernelContext) -> str:
     log_sm = op.op is Op.LOG_SOFTMAX
     head = [f"const {T}* k_x = {ctx.ptr(x)};", f"{T}* k_y = {ctx.ptr(out)};"]
     if inner == 1:
-        tail = ([f"const {T} k_ls = {log}(k_s);", "#pragma omp simd",
+        tail = ([f"const {T} k_ls = {log}(k_s);", ctx.simd(),
                  f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_q[k_j] = k_p[k_j] - k_m - k_ls;"] if log_sm else
-                [f"const {T} k_inv = {one} / k_s;", "#pragma omp simd",
+                [f"const {T} k_inv = {one} / k_s;", ctx.simd(),
                  f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_q[k_j] *= k_inv;"])
         store = "" if log_sm else "k_q[k_j] = k_e; "
         return block(*head, split(ctx, outer, 1),
                      "for (int64_t k_r = k_lo; k_r < k_hi; ++k_r) {",
                      f"const {T}* k_p = k_x + k_r * {d}; {T}* k_q = k_y + k_r * {d};",
                      f"{T} k_m = {ninf}, k_s = 0;",
-                     "#pragma omp simd reduction(max:k_m)",
+                     ctx.simd("max:k_m"),
                      f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_m = k_p[k_j] > k_m ? k_p[k_j] : k_m;",
-                     "#pragma omp simd reduction(+:k_s)",
+                     ctx.simd("+:k_s"),
                      f"for (int64_t k_j = 0; k_j < {d}; ++k_j) {{ const {T} k_e = {exp}(k_p[k_j] - k_m); {store}k_s += k_e; }}",
                      *tail, "}")
     ch = min(inner, CHUNK)
@@ -242,11 +242,11 @@ def render_softmax(op: Operation, ctx: KernelContext) -> str:
     at = f"k_t * {inner} + k_j"
     if log_sm:
         last = [f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_s[k_j] = k_m[k_j] + {log}(k_s[k_j]);",
-                loop_d + " {", "#pragma omp simd", f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_q[{at}] = k_p[{at}] - k_s[k_j];", "}"]
+                loop_d + " {", ctx.simd(), f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_q[{at}] = k_p[{at}] - k_s[k_j];", "}"]
         store = ""
     else:
         last = [f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_s[k_j] = {one} / k_s[k_j];",
-                loop_d + " {", "#pragma omp simd", f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_q[{at}] *= k_s[k_j];", "}"]
+                loop_d + " {", ctx.simd(), f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_q[{at}] *= k_s[k_j];", "}"]
         store = f"k_q[{at}] = k_e; "
     return block(*head, split(ctx, outer * nch, 1),
                  "for (int64_t k_task = k_lo; k_task < k_hi; ++k_task) {",
@@ -255,9 +255,9 @@ def render_softmax(op: Operation, ctx: KernelContext) -> str:
                  f"const {T}* k_p = k_x + k_r * {d * inner} + k_j0; {T}* k_q = k_y + k_r * {d * inner} + k_j0;",
                  f"{T} k_m[{ch}], k_s[{ch}];",
                  f"for (int64_t k_j = 0; k_j < {ch}; ++k_j) {{ k_m[k_j] = {ninf}; k_s[k_j] = 0; }}",
-                 loop_d + " {", "#pragma omp simd",
+                 loop_d + " {", ctx.simd(),
                  f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_m[k_j] = k_p[{at}] > k_m[k_j] ? k_p[{at}] : k_m[k_j];", "}",
-                 loop_d + " {", "#pragma omp simd",
+                 loop_d + " {", ctx.simd(),
                  f"for (int64_t k_j = 0; k_j < k_n; ++k_j) {{ const {T} k_e = {exp}(k_p[{at}] - k_m[k_j]); {store}k_s[k_j] += k_e; }}",
                  "}",
                  *last, "}")

@@ -1,11 +1,11 @@
 """Single-op kernels as a standalone shared library, for tests and microbenchmarks of the
 kernels apart from the backend core (which renders whole programs).
 
-    lib = Library([op1, op2, ...])          # renders, compiles (cached by source hash), loads
+    lib = Library([op1, op2, ...])          # renders, compiles (in the cache, runtime.cache), loads
     err = lib.run(0, [a, b, out], workers=2)  # tensors: operands then the result, contiguous
 
-Kernel i becomes `void run_<i>(void** bufs, int64_t* err, int nthreads, int reps, int poison,
-double* cpu)`: a `#pragma omp parallel num_threads(nthreads)` region that runs the kernel `reps`
+Kernel i becomes `void run_<i>(void** bufs, int64_t* err, int nw, int reps, int poison,
+double* cpu)`: the dialect's parallel region on `nw` workers, which runs the kernel `reps`
 times with a barrier before and after each, as between the ops of a compiled program. With
 `poison` the result is overwritten (0x7f bytes) before every repetition but the first, so that
 a worker writing outside its share -- even a compiler-invented store of a stale value -- may
@@ -17,25 +17,15 @@ Buffers are bound by data_ptr(). `err` is 0, or 1 + the index of the failed chec
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import subprocess
-import tempfile
 from typing import Sequence
 
 import torch
 
+from cocktailer.codegen.dialect import CPU, preamble
 from cocktailer.codegen.kernels import KERNELS, PRELUDE
 from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.ir import Operation, Value
-
-CC = os.environ.get("CC", "gcc")
-try:   # the flags the CPU backend compiles whole programs with
-    from cocktailer.runtime.compiler import FLAGS as CFLAGS
-except ImportError:
-    CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-fno-math-errno")
-CACHE = os.path.join(tempfile.gettempdir(), "cocktailer-kernels")
-
+from cocktailer.runtime.compiler import compile_shared_library, load_library
 
 _CLOCK = r"""
 #include <time.h>
@@ -49,7 +39,8 @@ static double ck_thread_seconds(void) {
 
 def render(ops: Sequence[Operation]) -> tuple[str, list[list[str]]]:
     """C source with one `run_<i>` per op, and the run-time error messages of each."""
-    parts, messages = [PRELUDE, _CLOCK], []
+    d = CPU
+    parts, messages = [preamble(d), PRELUDE, _CLOCK], []
     for i, op in enumerate(ops):
         msgs: list[str] = []
         messages.append(msgs)
@@ -60,53 +51,37 @@ def render(ops: Sequence[Operation]) -> tuple[str, list[list[str]]]:
 
         def fail(message: str, msgs=msgs) -> str:
             msgs.append(message)
-            return f"{{\n#pragma omp atomic write\nerr[0] = {len(msgs)};\ngoto ct_fail; }}"
+            return f"{{ {d.atomic_store('err[0]', len(msgs))} goto ct_fail; }}"
 
         names = iter(range(1 << 30))
-        ctx = KernelContext(ptr=ptr, worker="w", workers="W", fail=fail, fresh=lambda p, n=names: f"{p}_{next(n)}")
+        ctx = KernelContext(ptr=ptr, worker="w", workers="W", fail=fail, fresh=lambda p, n=names: f"{p}_{next(n)}",
+                            simd=d.simd)
         body = KERNELS[op.op](op, ctx)
         out = op.results[0]
         nbytes, slot = out.type.numel * out.type.dtype.itemsize, slots[out.id]
-        parts.append(f"void run_{i}(void** bufs, int64_t* err, int nthreads, int reps, int poison, double* cpu) {{\n"
-                     f"#pragma omp parallel num_threads(nthreads)\n{{\n"
-                     f"const int w = omp_get_thread_num(); const int W = omp_get_num_threads();\n"
+        parts.append(f"void run_{i}(void** bufs, int64_t* err, int nw, int reps, int poison, double* cpu) {{\n"
+                     f"ct_barrier_t ct_bar; memset(&ct_bar, 0, sizeof ct_bar);\n"
+                     f"{d.parallel_begin}\n{{\n"
+                     f"{d.worker_ids} ct_barrier_t* ct_team = &ct_bar; (void)ct_gw;\n"
                      f"double busy = 0;\n"
                      f"for (int rep = 0; rep < reps; ++rep) {{\n"
                      f"if (poison && rep > 0 && w == 0) memset(bufs[{slot}], 0x7f, {nbytes});\n"
-                     f"#pragma omp barrier\n"
+                     f"{d.barrier}\n"
                      f"const double t0 = cpu ? ck_thread_seconds() : 0;\n"
                      f"{{\n{body}\n}}\n"
                      f"if (cpu) busy += ck_thread_seconds() - t0;\n"
-                     f"#pragma omp barrier\n"
-                     f"}}\ngoto ct_fail; ct_fail: ;\n"
+                     f"{d.barrier}\n"
+                     f"}}\nct_fail: ;\n"
                      f"if (cpu) cpu[w] = busy;\n}}\n}}\n")
     return "\n".join(parts), messages
-
-
-def compile_source(source: str, extra_flags: Sequence[str] = ()) -> str:
-    """Path of the shared library built from `source` (reused when the source is unchanged)."""
-    os.makedirs(CACHE, exist_ok=True)
-    flags = [*CFLAGS, *extra_flags]
-    key = hashlib.sha256((source + "\0" + " ".join(flags)).encode()).hexdigest()[:24]
-    so = os.path.join(CACHE, f"k{key}.so")
-    if not os.path.exists(so):
-        c = os.path.join(CACHE, f"k{key}.c")
-        with open(c, "w") as f:
-            f.write(source)
-        tmp = f"{so}.{os.getpid()}.tmp"
-        proc = subprocess.run([CC, *flags, c, "-o", tmp, "-lm"], capture_output=True, text=True)
-        if proc.returncode:
-            raise RuntimeError(f"{CC} failed on {c}:\n{proc.stderr[-6000:]}")
-        os.replace(tmp, so)
-    return so
 
 
 class Library:
     def __init__(self, ops: Sequence[Operation], extra_flags: Sequence[str] = ()):
         self.ops = list(ops)
         self.source, self.messages = render(self.ops)
-        self.path = compile_source(self.source, extra_flags)
-        self.lib = ctypes.CDLL(self.path)
+        path, _ = compile_shared_library(self.source, extra_flags)
+        self.lib, self.path = load_library(path, self.source, extra_flags), str(path)
         self._fns = [getattr(self.lib, f"run_{i}") for i in range(len(self.ops))]
 
     def bind(self, i: int, tensors: Sequence[torch.Tensor], workers: int, reps: int = 1, poison: bool = True,

@@ -9,7 +9,6 @@ same model again does not measure again.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import statistics
 import time
@@ -18,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from cocktailer.runtime.compiler import cache_dir
+from cocktailer.runtime import cache
 
 Executable = Callable[[list[torch.Tensor]], object]
 
@@ -74,22 +73,14 @@ class Profiler:
                         (len(rounds[0]) >= 3 and spent >= self.max_seconds):
                     return [statistics.median(r) for r in rounds]
 
-    def _path(self, key: str):
-        return cache_dir() / "profiles" / f"{key}.json"
-
     def _load(self, key: str) -> float | None:
         if not self.persist:
             return None
         try:
-            return float(json.loads(self._path(key).read_text())["seconds"])
-        except (OSError, ValueError, KeyError):
+            return float(cache.read_json(f"profiles/{key}.json")["seconds"])
+        except (TypeError, ValueError, KeyError):
             return None
 
     def _store(self, key: str, seconds: float):
-        if not self.persist:
-            return
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"seconds": seconds}))
-        os.replace(tmp, path)   # atomic: a concurrent reader sees the old file or the new one
+        if self.persist:
+            cache.write_json(f"profiles/{key}.json", {"seconds": seconds})

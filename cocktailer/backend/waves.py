@@ -6,32 +6,36 @@ worker) — and runs side by side only where that measured faster.
 Each wave becomes a small program of its own that repeats the wave REPEATS times in a native
 loop (a wave takes microseconds: one call from Python would time the call), on inputs of the
 wave's shapes: its constants, else random floats and zero integers (a valid index). All
-waves' variants are compiled into one library.
+waves' variants are compiled into one library, by the same native stages as any program.
 """
 from __future__ import annotations
 
 import torch
 
+from cocktailer.backend.config import Config
+from cocktailer.backend.native import Part, build_parts
+from cocktailer.backend.profiler import Profiler
+from cocktailer.backend.record import Record
 from cocktailer.ir import Function, Op, Operation, Program, Region, TensorType, Value
 from cocktailer.ir.program import clone_ops
-from cocktailer.runtime.native import compile_together
-from cocktailer.runtime.profiler import Profiler
-from cocktailer.schedule import Device
 from cocktailer.schedule.wavefront import co_scheduled, wave_key
 
 REPEATS = 20
 
 
-def slower_side_by_side(program: Program, device: Device) -> set[tuple]:
+def slower_side_by_side(program: Program, config: Config) -> set[tuple]:
     """The keys (`wave_key`) of the waves whose side-by-side variant did not measure faster
-    than running each op on all workers, or could not be measured."""
+    than running each op on all `config.workers` workers, or could not be measured."""
     waves = [(region, wave) for fn in program.functions.values() for region in fn.body.regions()
-             for wave in co_scheduled(region, device.workers)]
+             for wave in co_scheduled(region, config.workers)]
     if not waves:
         return set()
     constants = {op.results[0].id: op.attrs["name"] for op in program.walk() if op.op is Op.CONST}
     built = [_wave_program(program, region, wave, constants) for region, wave in waves]
-    runs = compile_together([(sub, side) for sub, _ in built for side in (False, True)], device, "wave", 1)
+    variant = {side: Config(workers=config.workers, max_depth=1, wavefront=side) for side in (False, True)}
+    parts = [Part(sub, variant[side], f"wave_{k}") for k, (sub, side) in
+             enumerate((sub, side) for sub, _ in built for side in (False, True))]
+    runs = build_parts(parts, Record(config))
     slower = set()
     for w, ((_, inputs), (_, wave)) in enumerate(zip(built, waves)):
         profiler = Profiler([inputs], min_rounds=5, min_seconds=0.05, max_seconds=0.5, persist=False)

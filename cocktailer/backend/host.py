@@ -1,6 +1,9 @@
 """The "host" backend, the paper's CocktailerBase: control flow stays in Python (as in the
 reference executor) and each basic block — a maximal run of data ops between control-flow
-ops — is one native call. Benchmarks compare it with control flow at L1 to show what
+ops — is one native call.
+
+    HOST_STAGES: workers -> native blocks -> memory plan -> placement -> render -> compile -> load
+ Benchmarks compare it with control flow at L1 to show what
 moving control flow into the native program buys.
 
 It is also where Algorithm 1 (Cocktailer §3.2) places control flow a level at a time:
@@ -12,16 +15,17 @@ may move: a construct runs natively only if every op it controls has a native ke
 Python with torch, between native blocks."""
 from __future__ import annotations
 
+from dataclasses import replace
+
+from cocktailer.backend.config import Config
+from cocktailer.backend.native import NATIVE_STAGES, Build, Part, run_stages
+from cocktailer.backend.record import Record
+from cocktailer.codegen import kernels
 from cocktailer.ir import CONTROL, Function, Op, Operation, Program, Region, Value
+from cocktailer.ir.analysis import native_legal, nesting_depths, runs_in_python
 from cocktailer.ir.program import clone_ops
 from cocktailer.reference.executor import ReferenceExecutor, dead_after
-from cocktailer.runtime.cpu import BackendUnavailable
-from cocktailer.runtime.native import CompiledProgram, compile_together
-from cocktailer.schedule import Device
-from cocktailer.schedule.levels import native_legal, nesting_depths
-from cocktailer.codegen import kernels
-
-DEFAULT_MAX_DEPTH = 256   # frames of a native block's recursion stack (the cpu backend's default)
+from cocktailer.runtime.native import CompiledProgram, default_workers
 
 
 class _Block:
@@ -60,7 +64,8 @@ def _segments(region: Region, users: dict[int, set[int]], native: set[int]) -> l
         run.clear()
 
     for op in region.ops:
-        if id(op) in native or (op.op not in CONTROL and op.op is not Op.CONST and kernels.supported(op)):
+        if id(op) in native or (op.op not in CONTROL and op.op is not Op.CONST
+                                and not runs_in_python(op, kernels.supported)):
             run.append(op)
         else:
             close()
@@ -90,16 +95,13 @@ def _accesses(segment) -> tuple[set[int], set[int]]:
 
 
 class HostExecutor(ReferenceExecutor):
-    def __init__(self, program: Program, workers: int | None = None, native_from: int | None = None,
-                 max_depth: int = DEFAULT_MAX_DEPTH):
+    """Runs the program's control flow in Python; `native`: id(construct) of the constructs
+    that run inside native blocks instead. Its blocks are compiled by `build_host`."""
+
+    def __init__(self, program: Program, native: set[int], config: Config, record: Record):
         super().__init__(program)
-        if program.device.type != "cpu":
-            raise BackendUnavailable(f"the host backend runs CPU tensors; these are on {program.device}")
+        self.native, self.config, self.record = native, config, record
         self.library: str | None = None
-        self.max_depth = max_depth
-        depths = nesting_depths(program)
-        legal = native_legal(program, kernels.supported) if native_from is not None else set()
-        self.native = {k for k in legal if depths[k] >= native_from}   # constructs run inside native blocks
         self.segments: dict[int, list] = {}
         users = {name: _uses_outside(fn) for name, fn in program.functions.items()}
         pending = [(program.entry, program.main.body)]
@@ -112,29 +114,22 @@ class HostExecutor(ReferenceExecutor):
                 pending += [(name, r) for r in op.regions]
                 if op.op is Op.CALL:
                     pending.append((op.attrs["callee"], program.functions[op.attrs["callee"]].body))
-        self._compile(self.blocks, workers)
 
-    def _compile(self, blocks: list[_Block], workers: int | None):
-        device = Device.cpu(workers)
-        self.workers = device.workers
-        subs = []
-        for block in blocks:
-            # fresh values: a block taken from a recursive function calls that function, and
-            # one program must not define a value twice
-            rename = {v.id: Value(v.type, v.hint) for v in block.inputs}
-            params = [rename[v.id] for v in block.inputs]
-            ops = clone_ops(block.ops, rename)
-            functions = {"main": Function("main", Region(params, ops, [rename[v.id] for v in block.outputs]))}
-            functions.update({name: self.program.functions[name] for name in _callees(block.ops, self.program)})
-            subs.append((Program(functions, "main", self.program.constants, self.program.device), False))
-        for block, compiled in zip(blocks, compile_together(subs, device, "block", self.max_depth)):
-            block.compiled = compiled
-            self.library = compiled.library
+    def block_program(self, block: _Block) -> Program:
+        """A block as a program of its own: its inputs are parameters, its outputs the results.
+        Values are fresh: a block taken from a recursive function calls that function, and one
+        program must not define a value twice."""
+        rename = {v.id: Value(v.type, v.hint) for v in block.inputs}
+        params = [rename[v.id] for v in block.inputs]
+        ops = clone_ops(block.ops, rename)
+        functions = {"main": Function("main", Region(params, ops, [rename[v.id] for v in block.outputs]))}
+        functions.update({name: self.program.functions[name] for name in _callees(block.ops, self.program)})
+        return Program(functions, "main", self.program.constants, self.program.device)
 
     @property
     def identity(self) -> str:
         """Changes whenever the blocks' code or the worker count does (the profiler's cache key)."""
-        return f"host:{self.library}:{self.workers}:{self.max_depth}"
+        return f"host:{self.library}:{self.config.workers}:{self.config.max_depth}"
 
     @property
     def blocks(self) -> list[_Block]:
@@ -155,3 +150,36 @@ class HostExecutor(ReferenceExecutor):
             for vid in gone:
                 env.pop(vid, None)   # a block's value used only inside it was never in env
         return [env[v.id] for v in region.yields]
+
+
+def all_workers(b: Build) -> str:
+    if b.config.workers:
+        return f"{b.config.workers} (asked for)"
+    b.config = b.record.config = replace(b.config, workers=default_workers())
+    return f"{b.config.workers} (all CPUs)"
+
+
+def native_blocks(b: Build) -> str:
+    """Constraint 1, construct by construct: those nested at least `native_from` deep whose
+    ops all have native kernels run inside the native block around them."""
+    native_from = b.config.native_from
+    depths = nesting_depths(b.program)
+    legal = native_legal(b.program, kernels.supported) if native_from is not None else set()
+    native = {k for k in legal if depths[k] >= native_from}
+    executor = b.executable = HostExecutor(b.program, native, b.config, b.record)
+    b.record.program, b.record.native_constructs = b.program, executor.native
+    b.parts = [Part(executor.block_program(block), b.config, f"block_{k}") for k, block in enumerate(executor.blocks)]
+    return f"{len(b.parts)} blocks, {len(executor.native)} constructs inside them"
+
+
+HOST_STAGES = [("workers", all_workers), ("native blocks", native_blocks), *NATIVE_STAGES]
+
+
+def build_host(program: Program, config: Config, record: Record) -> HostExecutor:
+    build = Build(program, config, record)
+    run_stages(HOST_STAGES, build)
+    executor = build.executable
+    for block, part in zip(executor.blocks, build.parts):
+        block.compiled = part.compiled
+        executor.library = part.compiled.library
+    return executor

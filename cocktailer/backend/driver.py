@@ -1,0 +1,66 @@
+"""build(): a program and a configuration in, a callable native program out, with the record
+of every stage it ran (`cocktailer.explain` prints it).
+
+    simple policy: the cpu pipeline (backend.cpu.CPU_STAGES) or the host one (HOST_STAGES)
+    measured policy: the search's candidates, each built by one of them and timed
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from cocktailer.backend.config import Config
+from cocktailer.backend.cpu import build_cpu
+from cocktailer.backend.host import build_host
+from cocktailer.backend.measured import tune
+from cocktailer.backend.record import Record
+from cocktailer.codegen import kernels
+from cocktailer.errors import CocktailerError
+from cocktailer.ir import Program
+from cocktailer.ir.analysis import runs_in_python
+
+
+class BackendUnavailable(CocktailerError):
+    """This backend cannot run this program (the reason says why); another backend can."""
+
+
+def build(program: Program, config: Config, samples: list[list[torch.Tensor]] | None = None) -> Callable:
+    """The executable for `program` under `config` (its `.record` says how it was built).
+    `samples`: input tensors the measured policy times candidates on."""
+    if program.device.type != "cpu":
+        raise BackendUnavailable(f"the {config.backend} backend runs CPU tensors; these are on {program.device}")
+    record = Record(config)
+    if config.policy == "measured" and config.backend == "cpu":
+        return tune(program, config, samples or [], build_native, record)
+    if config.backend == "host":
+        return build_host(program, config, record)
+    missing = unsupported_ops(program)
+    if not missing:
+        return build_cpu(program, config, record)
+    # Constraint 1, construct by construct: what has native kernels still runs natively
+    record.notices.append(f"no native kernel for {'; '.join(missing)}: these ops run in Python, and so does "
+                          "the control flow around them; the rest runs in native blocks (see cocktailer.explain)")
+    return build_host(program, Config(backend="host", workers=config.workers, max_depth=config.max_depth,
+                                      native_from=0), record)
+
+
+def build_native(program: Program, config: Config, record: Record) -> Callable:
+    """One measured-policy candidate's pipeline, as it is: a cpu configuration of a program
+    that has an op without a native kernel is refused, not moved to the host."""
+    if config.backend == "host":
+        return build_host(program, config, record)
+    missing = unsupported_ops(program)
+    if missing:
+        raise BackendUnavailable(f"no native kernel for: {'; '.join(missing)}")
+    return build_cpu(program, config, record)
+
+
+def unsupported_ops(program: Program) -> list[str]:
+    return sorted({f"{op.op.name.lower()} ({', '.join(str(v.type) for v in op.operands + op.results)})"
+                   for op in program.walk() if runs_in_python(op, kernels.supported)})
+
+
+def backend(name: str) -> Callable[[Program], Callable]:
+    """`name`'s default build, as `cocktailer.BACKENDS` lists it: program -> executable."""
+    return lambda program: build(program, Config(backend=name))

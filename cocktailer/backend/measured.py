@@ -1,0 +1,77 @@
+"""The measured policy (Algorithm 1): the search (`schedule.search`) proposes configurations,
+each is built like any other and timed by the profiler on the sample inputs; the fastest is
+kept and the others are dropped."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from cocktailer.backend.config import Config
+from cocktailer.backend.profiler import Profiler
+from cocktailer.backend.record import Record
+from cocktailer.codegen import kernels
+from cocktailer.ir import Program
+from cocktailer.runtime.native import default_workers
+from cocktailer.schedule.search import search
+
+Build = Callable[[Program, Config, Record], Callable]
+
+
+class TunedProgram:
+    """The candidate the policy kept, callable like any backend's program; its record holds
+    every candidate measured and the kept one's build (for explain)."""
+
+    def __init__(self, chosen: Callable, candidate: Config, record: Record):
+        self.chosen, self.candidate, self.record = chosen, candidate, record
+
+    @property
+    def trials(self):
+        return self.record.trials
+
+    @property
+    def fresh_outputs(self) -> bool:
+        return getattr(self.chosen, "fresh_outputs", False)
+
+    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return self.chosen(inputs)
+
+
+class NothingToSchedule(RuntimeError):
+    """The candidate's step does not apply to this program (it would only repeat another)."""
+
+
+def check_applies(candidate: Config, built) -> None:
+    """A co-scheduling candidate that co-schedules nothing would only repeat another."""
+    if not candidate.wavefront:
+        return
+    uprogram = built.record.uprogram
+    if not uprogram.co_scheduled:
+        raise NothingToSchedule("no wave of independent operators balanced enough to run side by side")
+    if candidate.fine_barriers and not uprogram.fine_barriers:
+        raise NothingToSchedule("every synchronization needs all workers: no fine-grained barrier to place")
+
+
+def tune(program: Program, config: Config, samples: list[list[torch.Tensor]], build: Build,
+         record: Record) -> TunedProgram:
+    """`build(program, candidate, record)` builds one candidate (the backend's pipelines)."""
+    profiler = Profiler(samples)
+    built: dict[Config, Callable] = {}
+    records: dict[Config, Record] = {}
+
+    def measure(candidate: Config) -> float:
+        records[candidate] = Record(candidate)
+        executable = build(program, candidate, records[candidate])
+        check_applies(candidate, executable)
+        built[candidate] = executable
+        return profiler.latency(f"{executable.identity}\0{candidate}", executable)
+
+    def confirm(a: Config, b: Config) -> tuple[float, float]:
+        return tuple(profiler.compare([built[a], built[b]]))
+
+    start = Config(workers=config.workers or default_workers(), max_depth=config.max_depth, steps=config.steps)
+    with record.stage("search") as stage:
+        best, record.trials = search(program, start, measure, kernels.supported, confirm)
+        stage.detail = f"{len(record.trials)} candidates timed; kept: {best}"
+    record.chosen = records[best]
+    return TunedProgram(built[best], best, record)

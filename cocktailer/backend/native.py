@@ -1,0 +1,127 @@
+"""The native build path, written once: programs (the cpu backend's one, the host backend's
+basic blocks, the two variants of every wave) become entry points of one shared library.
+
+    NATIVE_STAGES: memory plan -> placement -> render -> compile -> load
+
+Each part carries its own configuration (the wave variants differ in `wavefront`); one
+compiler run serves all parts."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cocktailer.backend.config import Config
+from cocktailer.backend.record import Record
+from cocktailer.codegen.kernels.gemm import prepack_b
+from cocktailer.codegen.renderer import CPU, Rendered, assemble, render
+from cocktailer.ir import Program
+from cocktailer.runtime.compiler import compile_shared_library, load_library
+from cocktailer.runtime.native import CompiledProgram, Entry, Packed
+from cocktailer.schedule import SimplePolicy
+from cocktailer.schedule.memory import MemoryPlan, plan_memory
+from cocktailer.schedule.utask import UProgram
+
+
+@dataclass
+class Part:
+    program: Program
+    config: Config                  # workers resolved
+    entry: str = "cocktailer_run"
+    excluded_waves: frozenset = frozenset()   # waves measured slower side by side (backend.waves)
+    plan: MemoryPlan | None = None
+    uprogram: UProgram | None = None
+    rendered: Rendered | None = None
+    compiled: CompiledProgram | None = None
+
+
+@dataclass
+class Build:
+    """What a pipeline's stages work on: the program and its configuration, then the parts
+    (native entry points) made of it, their one source and library, and the executable."""
+    program: Program
+    config: Config
+    record: Record
+    parts: list[Part] = field(default_factory=list)
+    source: str = ""
+    path: Path | None = None
+    executable: object = None
+
+
+def run_stages(stages: list, build: Build):
+    """Run a pipeline's stages in order; each returns what its record entry says it did."""
+    for name, stage in stages:
+        with build.record.stage(name) as entry:
+            entry.detail = stage(build)
+
+
+def memory_plan(b: Build) -> str:
+    b.record.parts += b.parts
+    for p in b.parts:
+        p.plan = plan_memory(p.program, p.config, p.excluded_waves)
+    return _count(b)
+
+
+def placement(b: Build) -> str:
+    for p in b.parts:
+        p.uprogram = SimplePolicy(p.config, p.excluded_waves).schedule(p.program, p.plan)
+    return _count(b)
+
+
+def render_parts(b: Build) -> str:
+    if not b.parts:
+        return "no native code"
+    for p in b.parts:
+        p.rendered = render(p.uprogram, p.plan, CPU, p.entry)
+    b.source = assemble([p.rendered for p in b.parts])
+    return f"{len(b.source.splitlines())} lines of C"
+
+
+def compile_library(b: Build) -> str:
+    if not b.parts:
+        return "no native code"
+    b.path, cached = compile_shared_library(b.source)
+    return f"{'cache hit' if cached else 'the C compiler ran'}: {b.path.name}"
+
+
+def load(b: Build) -> str:
+    if not b.parts:
+        return "no native code"
+    handle = load_library(b.path, b.source)
+    for p in b.parts:
+        p.compiled = CompiledProgram(handle, str(b.path), _entry(p), p.config.workers, p.config.max_depth,
+                                     b.record)
+    return _count(b)
+
+
+NATIVE_STAGES = [("memory plan", memory_plan), ("placement", placement), ("render", render_parts),
+                 ("compile", compile_library), ("load", load)]
+
+
+def build_parts(parts: list[Part], record: Record) -> list[CompiledProgram]:
+    """Programs compiled as the entry points of one library, loaded (the wave variants)."""
+    build = Build(parts[0].program, parts[0].config, record, parts) if parts else None
+    if build is not None:
+        run_stages(NATIVE_STAGES, build)
+    return [p.compiled for p in parts]
+
+
+def _count(b: Build) -> str:
+    return f"{len(b.parts)} entry points" if len(b.parts) > 1 else ""
+
+
+def _entry(part: Part) -> Entry:
+    """What the runtime needs to call the part's entry point."""
+    program, rendered, plan = part.program, part.rendered, part.plan
+    return Entry(rendered.entry, rendered.errors, [p.type for p in program.main.params],
+                 [v.type for v in program.main.body.yields],
+                 [_constant(program, rendered, name) for name in plan.const_names],
+                 plan.arena_bytes, plan.frame_bytes, plan.locals_per_frame, part.uprogram.fans_out,
+                 part.uprogram.co_scheduled or part.uprogram.fine_barriers)
+
+
+def _constant(program: Program, rendered: Rendered, name: str):
+    if name in rendered.prepacked:
+        source, nr = rendered.prepacked[name]
+        return Packed(program.constants[source], functools.partial(prepack_b, nr=nr))
+    return program.constants[name]
