@@ -68,6 +68,8 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     parameter requires grad), it runs the original model eagerly instead, with one warning.
     `options` go to native backends: `workers` (threads; default all cores), `max_depth`
     (frames of the recursion stack; default 256: deeper recursion raises CompiledCallError),
+    `max_iterations` (a loop that runs more iterations raises CompiledCallError; default: no
+    limit, and Ctrl-C stops a runaway loop with KeyboardInterrupt),
     `fan_out` (cpu: independent recursive calls run at once on groups of workers), `unroll`
     (cpu: innermost loops with a trip count run this many steps per iteration), `wavefront`
     (cpu: Rammer's co-scheduling: independent operators side by side on groups of workers

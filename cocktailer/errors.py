@@ -99,4 +99,10 @@ def raised_by_user_code(tb) -> bool:
 
 class CompiledCallError(CocktailerError):
     """A compiled program was called with inputs it cannot run on (shape, dtype, device,
-    an index out of range, a recursion deeper than allowed)."""
+    an index out of range, a recursion deeper than allowed, a loop longer than the
+    `max_iterations` option allows)."""
+
+
+# Two of the ways a compiled call stops, by the message every backend gives them.
+INTERRUPTED = "interrupted by SIGINT (Ctrl-C)"
+ITERATIONS_EXCEEDED = "a loop ran more iterations than the max_iterations option allows"

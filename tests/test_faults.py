@@ -2,6 +2,11 @@
 compiling (a parameter replaced, new memory under a tensor), and Python arguments mutated
 between calls. Each gives the eager answer on the next call (the program is compiled again
 where needed), never a stale one."""
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -93,3 +98,55 @@ def test_python_object_arguments_are_keyed_by_their_contents():
         torch.testing.assert_close(fast2(x, node), scaled(x, node))
         node.value, node.children = 3.0, [1, 2]
         torch.testing.assert_close(fast2(x, node), scaled(x, node))
+
+
+RUNAWAY = textwrap.dedent("""
+    import sys, torch, cocktailer
+    def spin(x):
+        while x.sum() > 0:   # never false for positive x
+            x = x * 1.0
+        return x
+    fast = cocktailer.compile(spin, backend=sys.argv[1], options={"workers": 2})
+    fast(torch.zeros(4))   # compiled, and a call that ends
+    print("ready", flush=True)
+    try:
+        fast(torch.ones(4))
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    assert torch.equal(fast(torch.zeros(4)), torch.zeros(4))   # the next call runs as usual
+    print("again", flush=True)
+""")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "host"])
+def test_ctrl_c_stops_a_runaway_loop(backend, tmp_path):
+    """A `while` that never ends runs in native code (cpu) or in Python (host); Ctrl-C ends the
+    call with KeyboardInterrupt either way, and the compiled function stays usable."""
+    script = tmp_path / "runaway.py"   # a file: capture reads the function's source
+    script.write_text(RUNAWAY)
+    child = subprocess.Popen([sys.executable, str(script), backend], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        time.sleep(0.3)   # inside the runaway call by now
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert out.split() == ["interrupted", "again"], err
+
+
+@pytest.mark.parametrize("backend", ["cpu", "host"])
+def test_iteration_guard_raises(backend):
+    def count(x, n: int):
+        i = torch.zeros((), dtype=torch.int64)
+        while i < n:
+            x = x + 1
+            i = i + 1
+        return x
+    fast = cocktailer.compile(count, backend=backend, options={"max_iterations": 5})
+    assert torch.equal(fast(torch.zeros(2), 5), torch.full((2,), 5.0))   # as many as allowed
+    with pytest.raises(cocktailer.CompiledCallError, match=r"max_iterations option allows \(5\)"):
+        fast(torch.zeros(2), 6)
+    with pytest.raises(ValueError, match="max_iterations must be a positive int"):
+        cocktailer.compile(count, backend=backend, options={"max_iterations": 0})

@@ -18,6 +18,8 @@ class Config:
     backend: str = "cpu"         # "cpu": control flow at L1 in one native program; "host": control flow in Python
     workers: int | None = None   # L1 units (worker threads); None: every CPU this process may use
     max_depth: int = DEFAULT_MAX_DEPTH
+    # the most iterations one run of a loop may take; more raise CompiledCallError (None: no limit)
+    max_iterations: int | None = None
     policy: str = "simple"       # "measured": build candidates, time them, keep the fastest
     # the measured policy's steps to take (what it searches, not part of what is built)
     steps: tuple[str, ...] = field(default=STEPS, compare=False, hash=False)
@@ -76,7 +78,7 @@ def _check(c: Config):
     if c.fan_out and c.wavefront:
         # a fan-out's groups run different numbers of steps, so the step array would disagree
         raise ValueError("wavefront co-scheduling and fan-out of calls cannot be combined")
-    for name in ("workers", "max_depth", "unroll"):
+    for name in ("workers", "max_depth", "unroll", "max_iterations"):
         value = getattr(c, name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"option {name} must be a positive int, got {value!r}")

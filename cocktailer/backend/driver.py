@@ -42,7 +42,7 @@ def build(program: Program, config: Config, samples: list[list[torch.Tensor]] | 
     record.notices.append(f"no native kernel for {'; '.join(missing)}: these ops run in Python, and so does "
                           "the control flow around them; the rest runs in native blocks (see cocktailer.explain)")
     return build_host(program, Config(backend="host", workers=config.workers, max_depth=config.max_depth,
-                                      native_from=0), record)
+                                      max_iterations=config.max_iterations, native_from=0), record)
 
 
 def build_native(program: Program, config: Config, record: Record) -> Callable:

@@ -101,6 +101,7 @@ class HostExecutor(ReferenceExecutor):
     def __init__(self, program: Program, native: set[int], config: Config, record: Record):
         super().__init__(program)
         self.native, self.config, self.record = native, config, record
+        self.max_iterations = config.max_iterations
         self.library: str | None = None
         self.segments: dict[int, list] = {}
         users = {name: _uses_outside(fn) for name, fn in program.functions.items()}

@@ -69,7 +69,8 @@ def tune(program: Program, config: Config, samples: list[list[torch.Tensor]], bu
     def confirm(a: Config, b: Config) -> tuple[float, float]:
         return tuple(profiler.compare([built[a], built[b]]))
 
-    start = Config(workers=config.workers or default_workers(), max_depth=config.max_depth, steps=config.steps)
+    start = Config(workers=config.workers or default_workers(), max_depth=config.max_depth,
+                   max_iterations=config.max_iterations, steps=config.steps)
     with record.stage("search") as stage:
         best, record.trials = search(program, start, measure, kernels.supported, confirm)
         stage.detail = f"{len(record.trials)} candidates timed; kept: {best}"

@@ -90,7 +90,7 @@ def load(b: Build) -> str:
     handle = load_library(b.path, b.source)
     for p in b.parts:
         p.compiled = CompiledProgram(handle, str(b.path), _entry(p), p.config.workers, p.config.max_depth,
-                                     b.record)
+                                     b.record, p.config.max_iterations)
     return _count(b)
 
 

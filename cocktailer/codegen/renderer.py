@@ -17,6 +17,7 @@ import torch
 
 from cocktailer.codegen.dialect import CPU, Dialect, preamble
 from cocktailer.codegen.kernels import KERNELS, PRELUDE, KernelContext, ctype
+from cocktailer.errors import INTERRUPTED, ITERATIONS_EXCEEDED
 from cocktailer.ir import Op, Operation, Program, Value
 from cocktailer.schedule.memory import MemoryPlan
 from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, Sync, UOperator, UProgram, UTaskRef
@@ -206,6 +207,8 @@ class Renderer:
             self.block(item.cond)
             self.emit(self.d.barrier)
             self.emit(f"if (!*(const uint8_t*){self.ptr(op.loop_cond.yields[0])}) break;")
+        self.emit(f"if (CT_L[{i}] >= ct_max_iterations) {self.fail_here(ITERATIONS_EXCEEDED)}")
+        self.poll_interrupt()
         self.block(item.body)
         self.emit(self.d.barrier)
         if op.loop_stacked:
@@ -213,6 +216,12 @@ class Renderer:
         self.carry(op.loop_carried_yields, carried, op.results)
         self.emit("}")
         self.copies(self.moves(carried, op.results))
+
+    def poll_interrupt(self):
+        """At every back-edge and call: stop once a SIGINT has arrived since the call began
+        (runtime.interrupt counts them). The worker that sees it sets the error code, and the
+        others leave at their next barrier, as they do for any error."""
+        self.emit(f"if (CT_LOAD_RELAXED(ct_sigints) != ct_sigints0) {self.fail_here(INTERRUPTED)}")
 
     def stack_rows(self, op: Operation, step: str) -> list[tuple[str, str, int]]:
         """This iteration's stacked yields into row `step` of their stacked results."""
@@ -240,6 +249,7 @@ class Renderer:
         site = sum(len(s) for s in self.sites.values())
         self.sites.setdefault(item.callee, []).append(site)
         self.emit(f"if (sp + 1 >= max_depth) {self.fail_here('recursion deeper than the compiled maximum depth')}")
+        self.poll_interrupt()
         self.emit("{ char* nfp = stack + (sp + 1) * FRAME;")
         self.copies(self.moves(op.operands, callee.params, base_dst="nfp"))
         self.emit("}")
@@ -291,6 +301,10 @@ class Renderer:
                   "char* stack_all, int64_t max_depth, int64_t* locals, int64_t* rets, int64_t* err, int nw) {")
         self.emit(f"  enum {{ FRAME = {max(plan.frame_bytes, 64)}, NLOC = {plan.locals_per_frame} }};")
         self.emit("  err[0] = 0; err[1] = 0;   /* an error code; how often workers were preempted */")
+        self.emit("  /* err[2]: the SIGINT counter's address (0: none); err[3]: the most iterations of a loop (0: any) */")
+        self.emit("  const int64_t* const ct_sigints = err[2] ? (const int64_t*)(intptr_t)err[2] : &err[2];")
+        self.emit("  const int64_t ct_sigints0 = CT_LOAD_RELAXED(ct_sigints);")
+        self.emit("  const int64_t ct_max_iterations = err[3] > 0 ? err[3] : INT64_MAX;")
         self.emit(f"  {d.shared_decls}")
         self.emit(f"  {d.parallel_begin}")
         self.emit("  {")

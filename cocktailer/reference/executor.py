@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from cocktailer.errors import CompiledCallError
+from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
 from cocktailer.ir import CREATION, SEMANTICS, Function, Op, Operation, Program, Region
 
 # Each level of IR recursion costs a few Python frames here.
@@ -16,6 +16,8 @@ RECURSION_LIMIT = 100_000
 
 
 class ReferenceExecutor:
+    max_iterations: int | None = None   # the most iterations one run of a loop may take (None: any)
+
     def __init__(self, program: Program):
         self.program = program
         self._dead: dict[int, list[list[int]]] = {}   # id(region) -> values to drop after each op
@@ -73,6 +75,8 @@ class ReferenceExecutor:
                 _bind(cond, env, index, carried)
                 if not bool(self.run_region(cond, env)[0]):
                     break
+            if self.max_iterations is not None and i >= self.max_iterations:
+                raise CompiledCallError(f"{ITERATIONS_EXCEEDED} ({self.max_iterations})")
             _bind(body, env, index, carried)
             yields = self.run_region(body, env)
             carried = yields[:len(yields) - k]

@@ -16,11 +16,15 @@ from typing import Callable, Sequence
 
 import torch
 
-from cocktailer.errors import CompiledCallError
+from cocktailer.errors import INTERRUPTED, ITERATIONS_EXCEEDED, CompiledCallError
 from cocktailer.ir import TensorType
+from cocktailer.runtime import interrupt
 
 _ARGTYPES = [ctypes.c_void_p] * 9 + [ctypes.c_int]
 SLOTS_PER_FRAME = 8   # the generated code's CT_SLOTS: resume label, caller frame, fan-out state
+# err[] of the calling convention: the error code (0: none), how often the OS preempted a worker,
+# the address of the SIGINT counter (runtime.interrupt), the most iterations one loop may run (0: any)
+ERR_CODE, ERR_PREEMPTED, ERR_SIGINTS, ERR_MAX_ITERATIONS = range(4)
 
 
 @dataclass(frozen=True)
@@ -108,11 +112,12 @@ class CompiledProgram:
     fresh_outputs = True   # every output is a tensor of its own, allocated by the call
 
     def __init__(self, handle: ctypes.CDLL, library: str, entry: Entry, workers: int, max_depth: int,
-                 record=None):
+                 record=None, max_iterations: int | None = None):
         self.library = library
         self.entry = entry
         self.workers = workers
         self.max_depth = max_depth
+        self.max_iterations = max_iterations   # None: loops run as long as their program says
         self.record = record   # what built it (backend.Record: explain prints it); opaque here
         self._fn = getattr(handle, entry.name)
         self._fn.argtypes = _ARGTYPES
@@ -135,7 +140,7 @@ class CompiledProgram:
                 if e.frame_bytes else torch.empty(64, dtype=torch.uint8),
                 torch.empty(self.workers * frames * e.locals_per_frame, dtype=torch.int64),
                 torch.empty(self.workers * frames * SLOTS_PER_FRAME, dtype=torch.int64),
-                (ctypes.c_int64 * 2)())   # the error code; how often workers were preempted
+                (ctypes.c_int64 * 4)())   # err[]: see ERR_CODE...
         return scratch
 
     def _refresh_packed(self):
@@ -171,17 +176,29 @@ class CompiledProgram:
         ins = (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs])
         outs = (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs])
         workers = self.active_workers.choose()
+        interrupt.arm()
+        err[ERR_SIGINTS], err[ERR_MAX_ITERATIONS] = interrupt.counter_address(), self.max_iterations or 0
         start = time.perf_counter()
         code = self._fn(ins, outs, self._const_table, arena.data_ptr(), stack.data_ptr(), self.max_depth,
                         locals_.data_ptr(), rets.data_ptr(), err, workers)
-        self.active_workers.report(workers, err[1], time.perf_counter() - start)
+        self.active_workers.report(workers, err[ERR_PREEMPTED], time.perf_counter() - start)
         if code:
-            errors = self.entry.errors
-            message = errors[code - 1] if 0 < code <= len(errors) else f"error {code}"
-            if "recursion deeper" in message:
-                message += f" ({self.max_depth}); compile with a larger max_depth"
-            raise CompiledCallError(message)
+            self._raise(code)
         return outputs   # inputs written in place come back as the last outputs; the caller copies them
+
+
+    def _raise(self, code: int):
+        errors = self.entry.errors
+        message = errors[code - 1] if 0 < code <= len(errors) else f"error {code}"
+        if message == INTERRUPTED:
+            # Python's own handler ran too (the C handler chains to it): with the default one,
+            # KeyboardInterrupt is pending and surfaces here; a handler of the user's may not raise
+            raise KeyboardInterrupt(message)
+        if "recursion deeper" in message:
+            message += f" ({self.max_depth}); compile with a larger max_depth"
+        if message == ITERATIONS_EXCEEDED:
+            message += f" ({self.max_iterations})"
+        raise CompiledCallError(message)
 
 
 def default_workers() -> int:
