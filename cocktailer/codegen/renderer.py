@@ -207,8 +207,7 @@ class Renderer:
             self.block(item.cond)
             self.emit(self.d.barrier)
             self.emit(f"if (!*(const uint8_t*){self.ptr(op.loop_cond.yields[0])}) break;")
-        self.emit(f"if (CT_L[{i}] >= ct_max_iterations) {self.fail_here(ITERATIONS_EXCEEDED)}")
-        self.poll_interrupt()
+        self.back_edge_checks(f"CT_L[{i}]")
         self.block(item.body)
         self.emit(self.d.barrier)
         if op.loop_stacked:
@@ -217,10 +216,13 @@ class Renderer:
         self.emit("}")
         self.copies(self.moves(carried, op.results))
 
-    def poll_interrupt(self):
-        """At every back-edge and call: stop once a SIGINT has arrived since the call began
-        (runtime.interrupt counts them). The worker that sees it sets the error code, and the
-        others leave at their next barrier, as they do for any error."""
+    def back_edge_checks(self, iteration: str | None):
+        """Before each loop iteration (`iteration`: its counter) and each call (None): stop once
+        the loop has run the iterations the max_iterations option allows, or once a SIGINT has
+        arrived since the call began (runtime.interrupt counts them). The worker that sees it
+        sets the error code; the others leave at their next barrier, as for any error."""
+        if iteration is not None:
+            self.emit(f"if ({iteration} >= ct_max_iterations) {self.fail_here(ITERATIONS_EXCEEDED)}")
         self.emit(f"if (CT_LOAD_RELAXED(ct_sigints) != ct_sigints0) {self.fail_here(INTERRUPTED)}")
 
     def stack_rows(self, op: Operation, step: str) -> list[tuple[str, str, int]]:
@@ -249,7 +251,7 @@ class Renderer:
         site = sum(len(s) for s in self.sites.values())
         self.sites.setdefault(item.callee, []).append(site)
         self.emit(f"if (sp + 1 >= max_depth) {self.fail_here('recursion deeper than the compiled maximum depth')}")
-        self.poll_interrupt()
+        self.back_edge_checks(None)
         self.emit("{ char* nfp = stack + (sp + 1) * FRAME;")
         self.copies(self.moves(op.operands, callee.params, base_dst="nfp"))
         self.emit("}")

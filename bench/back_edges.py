@@ -1,0 +1,108 @@
+"""What the checks at loop back-edges and calls cost (Ctrl-C polling, the iteration guard).
+
+    python -m bench.back_edges [--models lstm,rae] [--seconds 6] [--out bench/results/back-edges]
+
+Each zoo model is compiled twice in this one process with default options: as the backend
+builds it, and with the checks left out of the generated source (`Renderer.back_edge_checks`
+patched to emit nothing; the libraries differ only there). Both are then timed in rounds, one
+call of each per round, so a noisy spell of a shared machine hits both alike; two processes
+(as `python -m bench --baseline` runs them) differ by more than this from their memory layout
+alone. Both run on all workers in every call (the contention fallback, which could pick
+different worker counts for the two, is off). The per-call runtime side (arming the SIGINT handler) is timed apart: both variants
+pay it. Writes results.json (machine, versions, commit, raw timings) and table.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+import cocktailer
+from bench import machine
+from bench.timing import Budget, measure_interleaved
+from cocktailer import models
+from cocktailer.codegen.renderer import Renderer
+from cocktailer.runtime import interrupt
+
+
+def compiled_pair(name: str):
+    w = models.make(name, 1)
+    with_checks = cocktailer.compile(w.model, w.inputs, backend="cpu")
+    with mock.patch.object(Renderer, "back_edge_checks", lambda self, iteration: None):
+        without = cocktailer.compile(w.model, w.inputs, backend="cpu")
+    for fast in (with_checks, without):
+        # all workers in every call: the contention fallback (runtime.native.Workers) would
+        # otherwise let the two pick different worker counts on a shared machine
+        next(iter(fast.cache.values()))[1].active_workers.adaptive = False
+    for fast in (with_checks, without):   # both right before either is timed
+        torch.testing.assert_close(fast(*w.inputs), w.model(*w.inputs), rtol=1e-3, atol=1e-4)
+    return w, with_checks, without
+
+
+def library(fast) -> str:
+    return next(iter(fast.cache.values()))[1].library
+
+
+def arm_seconds(calls: int = 100_000) -> float:
+    """Seconds per call of what the runtime does for Ctrl-C before every call."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        interrupt.arm()
+        interrupt.counter_address()
+    return (time.perf_counter() - start) / calls
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(models.names()))
+    p.add_argument("--seconds", type=float, default=6.0, help="timed seconds per variant, at least")
+    p.add_argument("--out", type=Path, default=Path("bench/results/back-edges"))
+    args = p.parse_args(argv)
+    torch.set_grad_enabled(False)
+    budget = Budget(warmup=5, min_runs=40, min_seconds=args.seconds, max_seconds=4 * args.seconds)
+    rows = {}
+    for name in args.models.split(","):
+        w, with_checks, without = compiled_pair(name)
+        if library(with_checks) == library(without):   # no loop or call left at L1 (all unrolled)
+            rows[name] = {"no_back_edges": True}
+            print(f"{name}: no back-edges in the generated program", file=sys.stderr, flush=True)
+            continue
+        times = measure_interleaved([lambda: with_checks(*w.inputs), lambda: without(*w.inputs)], budget)
+        medians = [statistics.median(t) for t in times]
+        rows[name] = {"with_checks_s": times[0], "without_s": times[1], "median_with_s": medians[0],
+                      "median_without_s": medians[1], "ratio": medians[0] / medians[1]}
+        print(f"{name}: {medians[0] * 1e3:.3g} ms with, {medians[1] * 1e3:.3g} ms without, "
+              f"ratio {medians[0] / medians[1]:.3f}", file=sys.stderr, flush=True)
+    data = {"machine": machine.describe(), "arm_seconds_per_call": arm_seconds(), "models": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(data, indent=1))
+    (args.out / "table.md").write_text(table(data))
+    print(table(data))
+
+
+def table(data: dict) -> str:
+    m = data["machine"]
+    lines = ["# Back-edge checks (Ctrl-C polling, iteration guard), batch 1", "",
+             f"- machine: {m['cpu']}, {m['cores']} cores; load average at start {(m['load_average'] or ['?'])[0]}; "
+             f"commit {(m['git'].get('commit') or '?')[:12]}{' (dirty tree)' if m['git'].get('dirty') else ''}",
+             "- one process, both variants timed in rounds; medians in ms; ratio = with / without",
+             f"- the runtime's per-call part (arming the SIGINT handler), in both: "
+             f"{data['arm_seconds_per_call'] * 1e6:.2f} µs a call", "",
+             "| model | with checks ms | without ms | ratio | runs |", "|---|---|---|---|---|"]
+    for name, r in data["models"].items():
+        if r.get("no_back_edges"):
+            lines.append(f"| {name} | no loop or call at L1: nothing to check | | | |")
+            continue
+        lines.append(f"| {name} | {r['median_with_s'] * 1e3:.3g} | {r['median_without_s'] * 1e3:.3g} | "
+                     f"{r['ratio']:.3f} | {len(r['with_checks_s'])} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
