@@ -1,4 +1,5 @@
-"""Flatten nested tuples, lists and dicts to a list of leaves and back."""
+"""Flatten nested tuples, lists and dicts to a list of leaves and back. Named tuples (and
+torch's result tuples, `torch.return_types.max` ...) are containers too, rebuilt as their type."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,9 +8,9 @@ from typing import Any, Callable
 
 @dataclass(frozen=True)
 class Spec:
-    kind: str                 # "leaf", "tuple", "list", "dict"
+    kind: str                 # "leaf", "tuple", "list", "dict", "named"
     children: tuple = ()      # child Specs
-    keys: tuple = ()          # dict keys, in order
+    keys: tuple = ()          # dict keys, in order; for "named", (its type,)
 
     @property
     def num_leaves(self) -> int:
@@ -25,6 +26,8 @@ def flatten(tree: Any) -> tuple[list, Spec]:
     def go(node) -> Spec:
         if type(node) is tuple or type(node) is list:
             return Spec(type(node).__name__, tuple(go(c) for c in node))
+        if _named_tuple(type(node)):
+            return Spec("named", tuple(go(c) for c in node), (type(node),))
         if type(node) is dict:
             keys = tuple(node)
             return Spec("dict", tuple(go(node[k]) for k in keys), keys)
@@ -43,9 +46,17 @@ def unflatten(spec: Spec, leaves: list) -> Any:
         children = [go(c) for c in s.children]
         if s.kind == "dict":
             return dict(zip(s.keys, children))
+        if s.kind == "named":
+            kind = s.keys[0]
+            return kind(children) if kind.__module__ == "torch.return_types" else kind(*children)
         return tuple(children) if s.kind == "tuple" else children
 
     return go(spec)
+
+
+def _named_tuple(kind: type) -> bool:
+    """A collections.namedtuple / typing.NamedTuple class, or a torch.return_types one."""
+    return issubclass(kind, tuple) and (hasattr(kind, "_fields") or kind.__module__ == "torch.return_types")
 
 
 def tree_map(fn: Callable, tree: Any) -> Any:

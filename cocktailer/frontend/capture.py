@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 from cocktailer import pytree
 from cocktailer.errors import (CocktailerError, InternalError, UnsupportedError, innermost_user_frame,
                                is_user_file, raised_by_user_code)
+from cocktailer.frontend import modules
 from cocktailer.frontend import context
 from cocktailer.frontend.convert import convert
 from cocktailer.frontend.lowering import lower_call
@@ -128,6 +129,9 @@ class _Recorder:
 def _user_callable(f) -> tuple[types.FunctionType, Any] | None:
     """(plain function, bound self) for callables whose code cocktailer should convert."""
     if isinstance(f, torch.nn.Module):
+        library = modules.replacement(f)
+        if library is not None:
+            return library, f
         forward = type(f).forward
         if not (isinstance(f, torch.nn.Sequential) or _is_user_function(forward)):
             return None
@@ -147,6 +151,8 @@ def _is_user_function(f) -> bool:
     if not isinstance(f, types.FunctionType) or f.__name__ == "<lambda>":
         return False
     filename = f.__code__.co_filename
+    if f.__module__ == modules.__name__:   # our replacements of library modules: captured like the user's code
+        return True
     # code typed at a prompt or exec'd ("<string>") is the user's too, though its source is unreadable
     return is_user_file(filename) or (filename.startswith("<") and not filename.startswith("<frozen"))
 
@@ -255,12 +261,26 @@ def _capture_once(fn, args, kwargs, device, hints, returns) -> Program:
             inner[i] = tracer.fresh(param, meta_like(leaves[i].shape, leaves[i].stride(), leaves[i].dtype), "input")
         a, k = pytree.unflatten(in_spec, inner)
         out, out_spec = pytree.flatten(cap.call(fn, a, k))
+        _check_outputs(out, main.loc)
         main.body.yields, boundary = _boundary(tracer, main.body, out, [inner[i].storage for i in positions])
     tracer.check_written_constants()
     _check_constants_in_functions(tracer)
     kinds = [(True, None) if isinstance(x, torch.Tensor) else (False, x) for x in out]
     return Program({"main": main, **tracer.functions}, "main", tracer.constants, device,
                    input_spec=in_spec, output_spec=(out_spec, kinds), boundary=boundary)
+
+
+# What a compiled function may return besides tensors: values fixed at capture, returned as they are.
+_PLAIN_RESULTS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def _check_outputs(out: list, loc):
+    """Tensors, and Python values that do not hold any (an object holding a captured tensor
+    would leave the call with a capture-time stand-in in it)."""
+    for x in out:
+        if not isinstance(x, (torch.Tensor, *_PLAIN_RESULTS)):
+            raise UnsupportedError(f"returning a `{type(x).__name__}` object", loc,
+                                   hint="return tensors and Python values in tuples, lists, dicts or named tuples")
 
 
 def _boundary(t: Tracer, body: Region, out: list, inputs: list[Storage]) -> tuple[list[Value], Boundary]:

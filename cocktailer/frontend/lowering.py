@@ -502,6 +502,88 @@ register("max")(_max_min(Op.AMAX, Op.ARGMAX, Op.MAXIMUM, torch.return_types.max)
 register("min")(_max_min(Op.AMIN, Op.ARGMIN, Op.MINIMUM, torch.return_types.min))
 
 
+# topk and sort: k rounds of arg-max (or -min), each masking the element it took; static k.
+SORT_MAX = 64   # sort unrolls one round per element: longer dims are refused
+
+
+@register("topk")
+def _topk(L, x, k, dim=-1, largest=True, sorted=True, *, out=None):
+    """Values in order (largest first, or smallest with largest=False) and their indices;
+    among equal values the lower index comes first. torch leaves that order unspecified,
+    and with sorted=False any order; this order is one torch may give."""
+    if not isinstance(k, int) or out is not None:
+        raise UnsupportedError("topk with a tensor k or out=", hint="pass k as a Python int")
+    dim = dim % max(x.dim(), 1)
+    if not 0 < k <= x.shape[dim]:
+        raise UnsupportedError(f"topk with k={k} for a dimension of size {x.shape[dim]}")
+    pick, fill = (Op.ARGMAX, _lowest(x.dtype)) if largest else (Op.ARGMIN, _highest(x.dtype))
+    with torch._C.DisableTorchFunction():
+        positions = torch.arange(x.shape[dim], device=L.t.device).reshape(
+            tuple(-1 if d == dim else 1 for d in range(x.dim())))
+    left, values, indices = x, [], []
+    for _ in range(k):
+        index = L.out(pick, [left], dim=dim, keepdim=True)
+        values.append(_gather_elements(L, x, dim, index))
+        indices.append(index)
+        left = L.elementwise(Op.WHERE, L.elementwise(Op.EQ, positions, index), fill, left)
+    return torch.return_types.topk((_cat(L, values, dim), _cat(L, indices, dim)))
+
+
+@register("sort")
+def _sort(L, x, dim=-1, descending=False, stable=False, *, out=None):
+    dim = dim % max(x.dim(), 1)
+    if x.shape[dim] > SORT_MAX:
+        raise UnsupportedError(f"sort of a dimension of {x.shape[dim]} elements (at most {SORT_MAX} are supported)",
+                               hint="use topk with the k you need")
+    values, indices = _topk(L, x, x.shape[dim], dim, largest=descending)
+    return torch.return_types.sort((values, indices))
+
+
+register("argsort")(lambda L, x, dim=-1, descending=False, stable=False: _sort(L, x, dim, descending)[1])
+
+
+def _lowest(dtype):
+    return float("-inf") if dtype.is_floating_point else False if dtype == torch.bool else torch.iinfo(dtype).min
+
+
+def _highest(dtype):
+    return float("inf") if dtype.is_floating_point else True if dtype == torch.bool else torch.iinfo(dtype).max
+
+
+def _triangle(upper: bool):
+    def h(L, x, diagonal=0, *, out=None):
+        """Zeros outside the triangle: a constant mask of the last two dims (shapes are static)."""
+        if x.dim() < 2:
+            raise UnsupportedError(f"{'triu' if upper else 'tril'} of a tensor with fewer than 2 dims")
+        with torch._C.DisableTorchFunction():
+            ones = torch.ones(x.shape[-2], x.shape[-1], dtype=torch.bool, device=L.t.device)
+            keep = ones.triu(diagonal) if upper else ones.tril(diagonal)
+        zero = False if x.dtype == torch.bool else 0
+        return L.elementwise(Op.WHERE, keep, x, L.t.fresh(L.t.scalar(zero, x.dtype)))
+    return h
+
+
+register("triu")(_triangle(True))
+register("tril")(_triangle(False))
+
+
+@register("cumsum")
+def _cumsum(L, x, dim, *, dtype=None, out=None):
+    """Along dim, a sum with a triangular mask: out[i] = sum of x[j] for j <= i (floats: one
+    matmul with the mask; integers and bools: in int64, as torch gives them)."""
+    dim = dim % max(x.dim(), 1)
+    x = L.cast(x, dtype or (x.dtype if x.dtype.is_floating_point else torch.int64))
+    n = x.shape[dim] if x.dim() else 1
+    last = _transpose(L, x, dim, -1) if x.dim() else L.reshape(x, (1,))
+    with torch._C.DisableTorchFunction():
+        upper = torch.ones(n, n, dtype=x.dtype, device=L.t.device).triu()   # upper[j, i] = j <= i
+    if x.dtype.is_floating_point:
+        summed = _matmul(L, last, upper)
+    else:
+        summed = _reduction(Op.SUM)(L, L.elementwise(Op.MUL, _unsqueeze(L, last, -1), upper), -2)
+    return _transpose(L, summed, dim, -1) if x.dim() else L.reshape(summed, ())
+
+
 @register("norm")
 def _norm(L, x, p="fro", dim=None, keepdim=False, dtype=None):
     if p not in ("fro", 2, 2.0):
@@ -547,6 +629,100 @@ def _addmm(L, bias, a, b, *, beta=1, alpha=1):
     if beta != 1 or alpha != 1:
         raise UnsupportedError("addmm with alpha/beta", hint="write bias + a @ b")
     return L.elementwise(Op.ADD, L.out(Op.MATMUL, [a, b]), bias)
+
+
+# -- attention: the math form, from ops that have native kernels --------------------------------
+
+def _attention_weights(L, q, k, mask, scale: float):
+    """softmax(q @ k^T * scale + mask) over the last dim; `mask` is None, bool (True: attend)
+    or float (added), broadcast to the scores."""
+    scores = L.elementwise(Op.MUL, _matmul(L, q, _transpose(L, k, -2, -1)), scale)
+    if mask is not None and mask.dtype == torch.bool:
+        scores = L.elementwise(Op.WHERE, mask, scores, float("-inf"))
+    elif mask is not None:
+        scores = L.elementwise(Op.ADD, scores, L.cast(mask, scores.dtype))
+    return L.out(Op.SOFTMAX, [scores], dim=scores.dim() - 1)
+
+
+def _causal_mask(L, n_query: int, n_key: int):
+    with torch._C.DisableTorchFunction():
+        return torch.ones(n_query, n_key, dtype=torch.bool, device=L.t.device).tril()
+
+
+@register("scaled_dot_product_attention")
+def _sdpa(L, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if dropout_p:
+        raise UnsupportedError("scaled_dot_product_attention with dropout_p > 0 (it is random)",
+                               hint="pass dropout_p=self.dropout if self.training else 0.0")
+    if enable_gqa:
+        raise UnsupportedError("scaled_dot_product_attention with enable_gqa", hint="repeat k and v per head group")
+    if is_causal and attn_mask is not None:
+        raise UnsupportedError("scaled_dot_product_attention with both attn_mask and is_causal")   # torch refuses too
+    mask = _causal_mask(L, q.shape[-2], k.shape[-2]) if is_causal else attn_mask
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _matmul(L, _attention_weights(L, q, k, mask, scale), v)
+
+
+@register("multi_head_attention_forward")
+def _multi_head_attention(L, query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_proj_bias,
+                          bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight, out_proj_bias, training=True,
+                          key_padding_mask=None, need_weights=True, attn_mask=None, use_separate_proj_weight=False,
+                          q_proj_weight=None, k_proj_weight=None, v_proj_weight=None, static_k=None, static_v=None,
+                          average_attn_weights=True, is_causal=False):
+    """nn.MultiheadAttention (sequence-first, as the module passes it): projections, one
+    attention per head as a batched matmul, the output projection; the weights too when asked."""
+    if bias_k is not None or bias_v is not None or add_zero_attn or static_k is not None or static_v is not None:
+        raise UnsupportedError("nn.MultiheadAttention with add_bias_kv, add_zero_attn or static keys")
+    if training and dropout_p:
+        raise UnsupportedError("nn.MultiheadAttention dropout in training mode (it is random)", hint="call model.eval()")
+    unbatched = query.dim() == 2
+    if unbatched:
+        query, key, value = (_unsqueeze(L, t, 1) for t in (query, key, value))
+        key_padding_mask = None if key_padding_mask is None else _unsqueeze(L, key_padding_mask, 0)
+    (n_query, batch, embed), n_key = query.shape, key.shape[0]
+    heads, head_dim = num_heads, embed // num_heads
+    if use_separate_proj_weight:
+        weights = (q_proj_weight, k_proj_weight, v_proj_weight)
+    else:
+        weights = _chunk(L, in_proj_weight, 3, 0)
+    biases = (None,) * 3 if in_proj_bias is None else _chunk(L, in_proj_bias, 3, 0)
+
+    def heads_first(x, w, b, n):   # (n, batch, embed) -> (batch * heads, n, head_dim)
+        return _transpose(L, L.reshape(L.linear(x, w, b), (n, batch * heads, head_dim)), 0, 1)
+    q, k, v = (heads_first(x, w, b, n) for x, w, b, n in
+               zip((query, key, value), weights, biases, (n_query, n_key, n_key)))
+    # is_causal is only a hint about attn_mask here (torch requires the mask with it)
+    mask = _mha_mask(L, attn_mask, key_padding_mask, batch, heads, n_key)
+    weights = _attention_weights(L, q, k, mask, 1 / math.sqrt(head_dim))
+    out = _transpose(L, _matmul(L, weights, v), 0, 1)                       # (n_query, batch * heads, head_dim)
+    out = L.linear(L.reshape(out, (n_query * batch, embed)), out_proj_weight, out_proj_bias)
+    out = L.reshape(out, (n_query, batch, embed))
+    if need_weights:
+        weights = L.reshape(weights, (batch, heads, n_query, n_key))
+        weights = _reduction(Op.MEAN)(L, weights, 1) if average_attn_weights else weights
+    else:
+        weights = None
+    if unbatched:
+        out = _squeeze(L, out, 1)
+        weights = None if weights is None else _squeeze(L, weights, 0)
+    return out, weights
+
+
+def _mha_mask(L, attn_mask, key_padding_mask, batch, heads, n_key):
+    """nn.MultiheadAttention's masks (bool: True means *not* attended; float: added) as one
+    additive float mask that broadcasts to (batch * heads, n_query, n_key), or None."""
+    masks = []
+    if attn_mask is not None:
+        masks.append(attn_mask)
+    if key_padding_mask is not None:   # (batch, n_key)
+        pad = _expand(L, L.reshape(key_padding_mask, (batch, 1, 1, n_key)), (batch, heads, 1, n_key))
+        masks.append(L.reshape(pad, (batch * heads, 1, n_key)))
+    total = None
+    for m in masks:
+        if m.dtype == torch.bool:
+            m = L.elementwise(Op.WHERE, m, float("-inf"), 0.0)
+        total = m if total is None else L.elementwise(Op.ADD, total, m)
+    return total
 
 
 @register("conv2d")
@@ -866,6 +1042,103 @@ def _index_select(L, x, dim, index):
     return L.out(Op.GATHER, [x, index], dim=dim % x.dim())
 
 
+@register("gather")
+def _gather_elements(L, x, dim, index, *, sparse_grad=False, out=None):
+    """torch.gather: out[i][j] = x[i][index[i][j]] (dim 1). The element's offset in x's
+    contiguous copy is a constant part from the other dims' positions plus index * stride;
+    one flat index_select then reads them all. An index out of range gets an offset past
+    the end, so it fails as index_select's does (eager raises too)."""
+    if out is not None or index.dim() != x.dim():
+        raise UnsupportedError("torch.gather with out= or an index of another rank than the input")
+    dim = dim % x.dim()
+    if any(i > s for d, (i, s) in enumerate(zip(index.shape, x.shape)) if d != dim):
+        raise UnsupportedError(f"torch.gather with an index of shape {tuple(index.shape)} larger than the input "
+                               f"{tuple(x.shape)} outside dim {dim}")
+    strides = _meta(x).contiguous().stride()
+    with torch._C.DisableTorchFunction():
+        base = torch.zeros(tuple(index.shape), dtype=torch.int64, device=L.t.device)
+        for d, n in enumerate(index.shape):
+            if d != dim:
+                base += (torch.arange(n, device=L.t.device) * strides[d]).reshape([-1 if e == d else 1
+                                                                                   for e in range(index.dim())])
+    index = L.cast(index, torch.int64)
+    offsets = L.elementwise(Op.ADD, base, L.elementwise(Op.MUL, index, strides[dim]))
+    inside = L.elementwise(Op.AND, L.elementwise(Op.GE, index, 0), L.elementwise(Op.LT, index, x.shape[dim]))
+    offsets = L.elementwise(Op.WHERE, inside, offsets, x.numel())
+    return L.out(Op.GATHER, [L.reshape(x, (x.numel(),)), offsets], dim=0)
+
+
+# -- scatters: as comparisons of the index with every target position, then reductions ----------
+
+def _scatter_hits(L, x, dim, index):
+    """A bool tensor `hit` of shape (n, *index.shape): hit[t, i...] says element i... of the
+    index targets position t along `dim` (n = x.shape[dim]), for scatter's index layout."""
+    if index.dim() != x.dim() or any(i != s for d, (i, s) in enumerate(zip(index.shape, x.shape)) if d != dim):
+        raise UnsupportedError(f"scatter with an index of shape {tuple(index.shape)} for an input of shape "
+                               f"{tuple(x.shape)}: only an index as large as the input outside `dim` is supported")
+    with torch._C.DisableTorchFunction():
+        positions = torch.arange(x.shape[dim], device=L.t.device).reshape((-1,) + (1,) * index.dim())
+    return L.elementwise(Op.EQ, _unsqueeze(L, index, 0), positions)
+
+
+def _to_target(L, per_source, dim):
+    """(n, *index.shape) reduced over the index's `dim` (dim + 1 here) moved into place."""
+    return _transpose(L, per_source, 0, dim + 1)
+
+
+@register("scatter_add")
+def _scatter_add(L, x, dim, index, src):
+    """out = x; out[..index[i]..] += src[i] along dim: the sum over the index positions that
+    hit each target."""
+    dim = dim % x.dim()
+    if not src.dtype.is_floating_point:
+        raise UnsupportedError("scatter_add of an integer tensor", hint="add in a float dtype and cast back")
+    src = _narrow_to(L, src, index.shape)
+    hits = _scatter_hits(L, x, dim, index)
+    added = _reduction(Op.SUM)(L, L.elementwise(Op.MUL, L.cast(hits, src.dtype), _unsqueeze(L, src, 0)), dim + 1)
+    return L.elementwise(Op.ADD, x, _squeeze(L, _to_target(L, _unsqueeze(L, added, dim + 1), dim), 0))
+
+
+@register("scatter")
+def _scatter(L, x, dim, index, src=None, value=None, *, reduce=None):
+    """out = x; out[..index[i]..] = src[i] along dim. Where several positions target one
+    element, the last one's value is kept (what torch's CPU kernel does; torch leaves it
+    undefined)."""
+    if reduce is not None:
+        raise UnsupportedError(f"scatter with reduce={reduce!r}", hint="use scatter_add or scatter_reduce")
+    dim = dim % x.dim()
+    if src is None or _is_number(src):
+        src = _full_proxy(L, tuple(index.shape), value if src is None else src, x.dtype)
+    src = _narrow_to(L, src, index.shape)
+    hits = _scatter_hits(L, x, dim, index)
+    with torch._C.DisableTorchFunction():
+        order = torch.arange(index.shape[dim], device=L.t.device).reshape(
+            (1,) + tuple(-1 if d == dim else 1 for d in range(index.dim())))
+    last = _reduction(Op.AMAX)(L, L.elementwise(Op.WHERE, hits, order, -1), dim + 1, True)   # (n, ..1.., ...)
+    last = _squeeze(L, _to_target(L, last, dim), 0)                                           # x's shape
+    value = _gather_elements(L, L.cast(src, x.dtype), dim, _clamp(L, last, min=0))
+    return L.elementwise(Op.WHERE, L.elementwise(Op.GE, last, 0), value, x)
+
+
+@register("index_add")
+def _index_add(L, x, dim, index, source, *, alpha=1):
+    """out = x; out[index[i]] += alpha * source[i] along dim."""
+    dim = dim % x.dim()
+    shape = [1] * x.dim()
+    shape[dim] = index.shape[0]
+    spread = _expand(L, L.reshape(index, tuple(shape)), tuple(source.shape))
+    added = _scatter_add(L, _full_proxy(L, tuple(x.shape), 0, x.dtype), dim, spread, source)
+    return L.elementwise(Op.ADD, x, added if alpha == 1 else L.elementwise(Op.MUL, added, alpha))
+
+
+def _narrow_to(L, src, shape):
+    if tuple(src.shape) == tuple(shape):
+        return src
+    if any(s < n for s, n in zip(src.shape, shape)):
+        raise UnsupportedError(f"scatter with a source of shape {tuple(src.shape)} smaller than its index")
+    return L.select(src, [("slice", None, n, None) for n in shape], [])
+
+
 @register("item")
 def _item(L, x):
     if x.numel() != 1:
@@ -920,10 +1193,26 @@ def _parse_key(L, x, key):
                 items.append(("slice", None, None, None))
             dim += 1
         elif isinstance(k, (list, tuple)):
-            raise UnsupportedError("indexing with a Python list", hint="index with a tensor: x[torch.tensor([...])]")
+            if advanced is not None:
+                raise UnsupportedError("indexing with more than one integer tensor or list")
+            advanced = (len(items), dim, _list_index(L, k, x.shape[dim] if dim < x.dim() else 0))
+            items.append(("slice", None, None, None))
+            dim += 1
         else:
             raise UnsupportedError(f"indexing with {type(k).__name__}")
     return items, dynamic, advanced
+
+
+def _list_index(L, k, size: int):
+    """`x[:, [0, -1]]`: a list of Python ints is a constant integer-tensor index (negative
+    ones count from the end, as torch's; out of range is refused here, where torch raises)."""
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in k) or not k:
+        raise UnsupportedError("indexing with a list that is not a non-empty list of Python ints",
+                               hint="index with an integer tensor, or stack the indices with torch.stack")
+    if any(not -size <= i < size for i in k):
+        raise UnsupportedError(f"index list {list(k)} out of range for a dimension of size {size}")
+    with torch._C.DisableTorchFunction():
+        return torch.tensor([i % size for i in k], dtype=torch.int64, device=L.t.device)
 
 
 @register("__getitem__")
@@ -1094,6 +1383,20 @@ def _new_tensor(L, x, data, *, dtype=None, **kwargs):
 
 
 register("new_tensor")(_new_tensor)
+
+
+@register("new")
+def _new_legacy(L, x, *args, **kwargs):
+    """The legacy `x.new(...)`: `x.new(2, 3)` or `x.new(torch.Size(...))` is a new tensor of
+    that shape (uninitialized in torch: zeros here), `x.new([1, 2])` one from the data, both
+    with x's dtype."""
+    if kwargs or not args:
+        raise UnsupportedError("Tensor.new with keyword arguments or no size", hint="use x.new_zeros(...) or x.new_tensor(...)")
+    if len(args) == 1 and isinstance(args[0], (list, tuple)) and not isinstance(args[0], torch.Size):
+        return _tensor(L, args[0], dtype=x.dtype)
+    if all(isinstance(a, int) and not isinstance(a, bool) for a in _shape_args(args)):
+        return _full_proxy(L, _shape_args(args), 0, x.dtype)
+    raise UnsupportedError("Tensor.new of a tensor or storage", hint="use x.new_tensor(...) or x.clone()")
 
 
 def supported_op_names() -> list[str]:
