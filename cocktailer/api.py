@@ -13,6 +13,7 @@ import torch
 from cocktailer import pytree
 from cocktailer.errors import CocktailerError, CompiledCallError, InternalError
 from cocktailer.frontend import capture as _frontend_capture
+from cocktailer.frontend.attributes import assign as assign_attributes
 from cocktailer.ir import Program
 from cocktailer.passes import CAPTURE_PIPELINE, run_pipeline
 from cocktailer.passes.fold_constants import refresh_derived
@@ -181,7 +182,11 @@ class CompiledFunction:
         boundary.write_back(results, tensors, program.constants)   # the program wrote into these, as eager would
         outputs = iter(boundary.outputs_of(results, tensors, program.constants))
         out_spec, kinds = program.output_spec
-        return pytree.unflatten(out_spec, [next(outputs) if is_tensor else value for is_tensor, value in kinds])
+        result = pytree.unflatten(out_spec, [next(outputs) if is_tensor else value for is_tensor, value in kinds])
+        if program.attribute_writes:   # `self.h = ...` in forward: assigned again, with real tensors
+            result, values = result
+            assign_attributes(program.attribute_writes, values, self.fn, leaves)
+        return result
 
     def _samples(self, args, kwargs, key: tuple) -> list[list[torch.Tensor]]:
         """What the measured policy times candidates on: these arguments' tensors, and those of

@@ -1,8 +1,10 @@
 """Idioms of public PyTorch code with control flow, compiled as written and compared with
 eager (results and arguments after the call)."""
+import pytest
 import torch
 import torch.nn as nn
 
+import cocktailer
 from utils import assert_matches_eager, randn
 
 
@@ -110,3 +112,54 @@ def test_loop_index_formatted_into_names_and_legacy_spellings():
     torch.manual_seed(0)
     assert_matches_eager(NamedLayers(), [(randn(2, 4, seed=0),)])
     assert_matches_eager(legacy_spellings, [(randn(3, seed=0),)])
+
+
+class _Node:
+    def __init__(self):
+        self.state = None
+
+
+class _Stateful(nn.Module):
+    """Keeps its last hidden state on itself and on the node it is given, as eager code does."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.hidden = None
+
+    def forward(self, x, node):
+        h = torch.tanh(self.lin(x))
+        if h.sum() > 0:
+            h = h * 2
+        self.hidden = h
+        self.history = [h, h + 1]
+        node.state = h
+        return h - 1
+
+
+def test_attributes_assigned_in_forward_hold_real_tensors():
+    torch.manual_seed(0)
+    model = _Stateful().eval()
+    fast = cocktailer.compile(model, backend="cpu")
+    assert model.hidden is None and not hasattr(model, "history")   # nothing yet: compiling changes nothing
+    for seed in range(3):
+        x, node, eager_node = torch.randn(2, 4, generator=torch.Generator().manual_seed(seed)), _Node(), _Node()
+        with torch.no_grad():
+            out = fast(x, node)
+            expected = _Stateful.forward(model, x, eager_node)
+        torch.testing.assert_close(out, expected)
+        for value, reference in ((model.hidden, expected + 1), (model.history[1], expected + 2),
+                                 (node.state, eager_node.state)):
+            assert type(value) is torch.Tensor
+            torch.testing.assert_close(value, reference)
+
+
+def test_python_state_assigned_in_forward_is_refused():
+    class Counter(nn.Module):
+        def forward(self, x):
+            self.calls = getattr(self, "calls", 0) + 1
+            return x + 1
+    model = Counter()
+    with pytest.raises(cocktailer.UnsupportedError, match="sets the attribute `calls` of the module to a Python value"):
+        cocktailer.compile(model, (torch.ones(2),), backend="reference")
+    assert not hasattr(model, "calls")   # capture's own runs left no trace

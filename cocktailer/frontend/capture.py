@@ -15,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 from cocktailer import pytree
 from cocktailer.errors import (CocktailerError, InternalError, UnsupportedError, innermost_user_frame,
                                is_user_file, raised_by_user_code)
-from cocktailer.frontend import modules
+from cocktailer.frontend import attributes, modules
 from cocktailer.frontend import context
 from cocktailer.frontend.convert import convert
 from cocktailer.frontend.lowering import lower_call
@@ -212,9 +212,18 @@ def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwa
     device = _device_of(leaves)
     hints: dict[str, Any] = {"unroll": set(), "recursive": set(), "summaries": {}}
     returns: dict = {}
+    snapshot = attributes.Snapshot(model_or_function, leaves)
+    try:
+        return _capture_attempts(model_or_function, args, kwargs, device, hints, returns, snapshot)
+    finally:
+        snapshot.restore()   # what capture assigned on the user's objects (see frontend.attributes)
+
+
+def _capture_attempts(model_or_function, args, kwargs, device, hints, returns, snapshot) -> Program:
     for _ in range(MAX_RESTARTS):
+        snapshot.restore()
         try:
-            return _capture_once(model_or_function, args, kwargs, device, hints, returns)
+            return _capture_once(model_or_function, args, kwargs, device, hints, returns, snapshot)
         except CocktailerError:
             raise
         except Exception as e:
@@ -246,7 +255,7 @@ def _capture_error(e: Exception, users: bool) -> CocktailerError:
     return InternalError(e, loc)
 
 
-def _capture_once(fn, args, kwargs, device, hints, returns) -> Program:
+def _capture_once(fn, args, kwargs, device, hints, returns, snapshot) -> Program:
     tracer = Tracer(device, _parameter_names(fn), hints)
     forward = type(fn).forward if isinstance(fn, torch.nn.Module) else fn
     main = Function("main", Region(), _definition_loc(forward) if hasattr(forward, "__code__") else None)
@@ -260,14 +269,20 @@ def _capture_once(fn, args, kwargs, device, hints, returns) -> Program:
         for i, param in zip(positions, main.body.params):
             inner[i] = tracer.fresh(param, meta_like(leaves[i].shape, leaves[i].stride(), leaves[i].dtype), "input")
         a, k = pytree.unflatten(in_spec, inner)
-        out, out_spec = pytree.flatten(cap.call(fn, a, k))
+        result = cap.call(fn, a, k)
+        written = snapshot.written()
+        attributes.check_written(written, main.loc)
+        if written:
+            result = (result, tuple(value for _, value in written))
+        out, out_spec = pytree.flatten(result)
         _check_outputs(out, main.loc)
         main.body.yields, boundary = _boundary(tracer, main.body, out, [inner[i].storage for i in positions])
     tracer.check_written_constants()
     _check_constants_in_functions(tracer)
     kinds = [(True, None) if isinstance(x, torch.Tensor) else (False, x) for x in out]
     return Program({"main": main, **tracer.functions}, "main", tracer.constants, device,
-                   input_spec=in_spec, output_spec=(out_spec, kinds), boundary=boundary)
+                   input_spec=in_spec, output_spec=(out_spec, kinds), boundary=boundary,
+                   attribute_writes=tuple(target for target, _ in written))
 
 
 # What a compiled function may return besides tensors: values fixed at capture, returned as they are.

@@ -142,6 +142,8 @@ def _update(x, v, *dynamic, key):
 
 
 def _gather(x, idx, *, dim):
+    if idx.dim() == 0:   # as a one-element index, then the dim dropped: a 0-d index tensor would call .item()
+        return x[(slice(None),) * dim + (idx.reshape(1),)].squeeze(dim)
     return x[(slice(None),) * dim + (idx,)]
 
 

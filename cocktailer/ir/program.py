@@ -185,6 +185,9 @@ class Program:
     derived: dict[str, tuple] = field(default_factory=dict)   # folded constant -> (op, attrs, source names)
     derived_versions: dict[str, tuple] = field(default_factory=dict)   # sources' versions when computed
     boundary: Any = None      # ir.boundary.Boundary: the yields -> results, and writes into inputs and constants
+    # attributes the program assigns on objects that outlive the call (frontend.attributes.Target):
+    # the result is then (the function's result, their values), and the caller assigns them
+    attribute_writes: tuple = ()
 
     @property
     def main(self) -> Function:

@@ -66,5 +66,5 @@ def traced_graph(program: Program, inputs: Sequence[torch.Tensor]) -> Program:
     main = Function("main", recorder.region, program.main.loc)
     traced = Program({"main": main}, "main", dict(program.constants), program.device, program.input_spec,
                      program.output_spec, dict(program.derived), dict(program.derived_versions),
-                     program.boundary)
+                     program.boundary, program.attribute_writes)
     return dce(traced)
