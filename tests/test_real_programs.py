@@ -163,3 +163,29 @@ def test_python_state_assigned_in_forward_is_refused():
     with pytest.raises(cocktailer.UnsupportedError, match="sets the attribute `calls` of the module to a Python value"):
         cocktailer.compile(model, (torch.ones(2),), backend="reference")
     assert not hasattr(model, "calls")   # capture's own runs left no trace
+
+
+class _NamedLayers(nn.Module):
+    """Layers found by names built from the loop index, and a helper defined inside a branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleDict({str(i): nn.Linear(4, 4) for i in range(3)})
+        for i in range(3):
+            setattr(self, f"layer{i}", nn.Linear(4, 4))
+
+    def forward(self, x):
+        for i in range(3):
+            if x.sum() > 0:
+                def act(t):
+                    return torch.relu(t)
+                out = act(self.blocks[str(i)](x))
+            else:
+                out = getattr(self, "layer{}".format(i))(x)
+            x = out
+        return x
+
+
+def test_module_dict_keyed_by_str_of_the_loop_index():
+    torch.manual_seed(0)
+    assert_matches_eager(_NamedLayers(), [(randn(2, 4, seed=s),) for s in range(4)])

@@ -97,6 +97,12 @@ class Proxy(torch.Tensor):
     def __repr__(self) -> str:
         return f"Proxy({self.storage}, {len(self.chain)} view steps)"
 
+    def __str__(self) -> str:
+        # torch.Tensor has no __str__ of its own (object's calls __repr__, which torch does not
+        # see): `str(i)` of a loop index (`self.blocks[str(i)]`) must ask for its value as
+        # formatting does, which unrolls the loop
+        return torch.Tensor.__format__(self, "")
+
 
 def _layout(tensor: torch.Tensor) -> tuple:
     """Which memory a tensor is, and how it is laid out in it."""
