@@ -189,3 +189,23 @@ class _NamedLayers(nn.Module):
 def test_module_dict_keyed_by_str_of_the_loop_index():
     torch.manual_seed(0)
     assert_matches_eager(_NamedLayers(), [(randn(2, 4, seed=s),) for s in range(4)])
+
+
+class _GrowingGeneration(nn.Module):
+    """GPT-style generate: the sequence grows by one token per step of a Python-int loop."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, idx, max_new_tokens: int = 4):
+        for _ in range(max_new_tokens):
+            logits = self.head(self.embed(idx).mean(0))
+            idx = torch.cat([idx, logits.argmax().reshape(1)])
+        return idx
+
+
+def test_a_sequence_that_grows_in_a_python_int_loop():
+    torch.manual_seed(0)
+    assert_matches_eager(_GrowingGeneration(), [(torch.tensor([1, 2]),), (torch.tensor([7, 3]),)])

@@ -15,7 +15,7 @@ import torch
 from cocktailer import pytree
 from cocktailer.errors import UnsupportedError
 from cocktailer.frontend import context
-from cocktailer.frontend.merge import Plan, Side, build, make_plan, on_side, resolve, side_values
+from cocktailer.frontend.merge import Plan, ShapeMergeError, Side, build, make_plan, on_side, resolve, side_values
 from cocktailer.frontend.tracer import Proxy, Region, RegionInfo, Restart, Tracer, Undefined, is_proxy
 from cocktailer.ir import INDEX, Op, TensorType, Value
 
@@ -366,12 +366,17 @@ def _trace_loop(body_fn, cond_fn, state: tuple, names: Sequence[str], key, trip:
     t = context.tracer()
     info = lambda kind: RegionInfo(kind, context.loc(key), key, static_trip)
     loop = _loop_state(t, state, names, rebound)
-    for _ in range(len(loop.leaves) + 64):
-        body = _trace_body(t, body_fn, loop, info("body"))
-        if body is not None:
-            break
-    else:
-        raise UnsupportedError("the loop's carried values did not settle", context.loc(key))
+    try:
+        for _ in range(len(loop.leaves) + 64):
+            body = _trace_body(t, body_fn, loop, info("body"))
+            if body is not None:
+                break
+        else:
+            raise UnsupportedError("the loop's carried values did not settle", context.loc(key))
+    except ShapeMergeError:
+        if static_trip:   # a value grows each iteration (`idx = torch.cat([idx, nxt])`): with a Python
+            raise Restart("unroll", key) from None   # trip count, unrolled it is what eager runs
+        raise
     regions = [body] + ([_trace_cond(t, cond_fn, loop, info("cond"))] if cond_fn is not None else [])
     init = _side(t, t.region, loop.leaves)
     inits = side_values(t, loop.head, init, resolve(init, list(loop.head.leaves), 0, lambda s: True))

@@ -194,13 +194,17 @@ def _link_targets(storage: Storage, is_outer, slot_of, flags: tuple, seen: set) 
                 yield t2, chain + link.chain, f2
 
 
+class ShapeMergeError(UnsupportedError):
+    """A variable takes different shapes or dtypes on two paths (or in two iterations)."""
+
+
 def merged_type(name: str, xs: list) -> TensorType:
     """The tensor type a variable takes when its values differ between paths."""
     tensors = [x for x in xs if isinstance(x, torch.Tensor)]
     if tensors:
         types = {TensorType.of(x) for x in tensors}
         if len(types) > 1:
-            raise UnsupportedError(f"variable `{name}` is {' in one path and '.join(map(str, types))} in the other "
+            raise ShapeMergeError(f"variable `{name}` is {' in one path and '.join(map(str, types))} in the other "
                                    "(a tensor-dependent `if` or loop must give it one shape and dtype)",
                                    hint=f"keep `{name}`'s shape and dtype the same on every path (and in every "
                                         "iteration), e.g. preallocate the largest shape")
