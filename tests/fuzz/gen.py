@@ -273,7 +273,7 @@ class Generator:
             lambda: [Stmt(f"{self.new(())} = {x}[{x} > 0].sum()")],
             lambda: [Stmt(f"{self.new((4, 3))} = {x} * float({x}.sum())")],
             lambda: [Stmt(f"{self.new((3,))} = torch.rand(3, dtype={x}.dtype)")],
-            lambda: [Stmt(f"{self.new((4, 3))} = torch.cumsum({x}, 0)")],
+            lambda: [Stmt(f"{self.new((4, 3))} = torch.cummax({x}, 0).values")],
             lambda: [Stmt(f"{self.new((4,))} = {x}[:, int({x}[0, 0] > 0)]")],
         ]
         if "n" in self.vars:
@@ -392,17 +392,22 @@ class Generator:
             lambda: f"torch.where({self.mask(shape)}, {sub()}, {sub()})", lambda: f"{sub()}.clamp(-1.5, 1.5)",
         ]
         if shape == (4,):
-            options += [lambda: f"{self.expr((4, 3), small, depth + 1)}.sum(1)",
+            options += [lambda: f"torch.topk({self.expr((4, 3), small, depth + 1)}, 2, dim=1).values.sum(1)",
+                        lambda: f"{self.expr((4, 3), small, depth + 1)}.sum(1)",
                         lambda: f"({self.expr((4, 3), small, depth + 1)} @ {self.expr((3,), small, depth + 1)})",
                         lambda: f"{self.expr((4, 3), small, depth + 1)}.amax(1)"]
         elif shape == (3,):
-            options += [lambda: f"{self.expr((4, 3), small, depth + 1)}.mean(0)",
+            options += [lambda: f"torch.sort({sub()}, descending=True).values",
+                        lambda: f"{self.expr((4, 3), small, depth + 1)}.mean(0)",
                         lambda: f"{self.pick((4, 3))}[{self.index(4)}]"]
         elif shape == ():
             options += [lambda: f"{self.expr(r.choice([(3,), (4,), (4, 3)]), small, depth + 1)}.sum()",
                         lambda: f"{self.pick((3,))}[{self.index(3)}]"]
         elif shape == (4, 3):
-            options += [lambda: f"({self.expr((4,), small, depth + 1)}.unsqueeze(1) * {self.expr((3,), small, depth + 1)})",
+            options += [lambda: f"torch.cumsum({sub()}, {r.randrange(2)})",
+                        lambda: f"{sub()}.gather(1, {self.gather_index()})",
+                        lambda: f"{sub()}.new_zeros(4, 3).scatter_add(1, {self.gather_index()}, {sub()})",
+                        lambda: f"({self.expr((4,), small, depth + 1)}.unsqueeze(1) * {self.expr((3,), small, depth + 1)})",
                         lambda: f"torch.stack([{sub((3,))}, {sub((3,))}, {sub((3,))}, {sub((3,))}])"]
             if self.module:
                 options.append(lambda: f"self.lin({sub()})")
@@ -417,6 +422,12 @@ class Generator:
             return "c"
         return r.choice([f"{self.base}.new_zeros({shape})", f"({self.base}.new_ones({shape}) * 0.5)",
                          f"{self.base}.new_full({shape}, -0.25)"])
+
+    def gather_index(self) -> str:
+        """An int64 (4, 3) index into dim 1 of a (4, 3) tensor: constant, or from `k`."""
+        if "k" in self.vars and self.rng.random() < 0.5:
+            return "((k.unsqueeze(1) + torch.arange(3)) % 3)"
+        return f"(torch.arange(12).reshape(4, 3) * {self.rng.randrange(1, 5)} % 3)"
 
     def mask(self, shape) -> str:
         if shape == (4, 3) and "m" in self.vars and self.rng.random() < 0.5:
