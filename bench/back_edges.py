@@ -14,7 +14,6 @@ pay it. Writes results.json (machine, versions, commit, raw timings) and table.m
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 
 import cocktailer
 from bench import machine
+from bench.results import write_small_run
 from bench.timing import Budget, measure_interleaved
 from cocktailer import models
 from cocktailer.codegen.renderer import Renderer
@@ -80,17 +80,12 @@ def main(argv=None):
         print(f"{name}: {medians[0] * 1e3:.3g} ms with, {medians[1] * 1e3:.3g} ms without, "
               f"ratio {medians[0] / medians[1]:.3f}", file=sys.stderr, flush=True)
     data = {"machine": machine.describe(), "arm_seconds_per_call": arm_seconds(), "models": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(data, indent=1))
-    (args.out / "table.md").write_text(table(data))
-    print(table(data))
+    write_small_run(args.out, data, table(data))
 
 
 def table(data: dict) -> str:
-    m = data["machine"]
     lines = ["# Back-edge checks (Ctrl-C polling, iteration guard), batch 1", "",
-             f"- machine: {m['cpu']}, {m['cores']} cores; load average at start {(m['load_average'] or ['?'])[0]}; "
-             f"commit {(m['git'].get('commit') or '?')[:12]}{' (dirty tree)' if m['git'].get('dirty') else ''}",
+             machine.summary(data["machine"]),
              "- one process, both variants timed in rounds; medians in ms; ratio = with / without",
              f"- the runtime's per-call part (arming the SIGINT handler), in both: "
              f"{data['arm_seconds_per_call'] * 1e6:.2f} µs a call", "",

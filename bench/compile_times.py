@@ -43,9 +43,7 @@ def measure(models: list[str], size: str, batch: int, out: Path) -> dict:
 def table(data: dict) -> str:
     m = data["machine"]
     lines = [f"# Compile times (size={data['run']['size']}, batch {data['run']['batch']})", "",
-             f"- machine: {m.get('cpu')}, {m.get('cores')} cores; load average at start "
-             f"{(m.get('load_average') or ['?'])[0]}; commit {(m['git'].get('commit') or '?')[:12]}"
-             f"{' (dirty tree)' if m['git'].get('dirty') else ''}",
+             machine.summary(m),
              "- each column in a fresh process but the last; seconds of `cocktailer.compile(model, inputs)`", "",
              "| model | cold s | of which C compiler s | cold without it s | warm disk, new process s | "
              "warm, same process s |", "|---|---|---|---|---|---|"]

@@ -11,7 +11,6 @@ compiled one). Writes results.json (machine, versions, commit, raw timings) and 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 
 import cocktailer
 from bench import machine
+from bench.results import write_small_run
 from bench.timing import Budget, measure_interleaved
 from cocktailer.models import corpus
 
@@ -42,17 +42,12 @@ def main(argv=None):
         print(f"{name}: eager {statistics.median(eager_s) * 1e3:.3g} ms, compiled "
               f"{statistics.median(compiled_s) * 1e3:.3g} ms", file=sys.stderr, flush=True)
     data = {"machine": machine.describe(), "programs": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(data, indent=1))
-    (args.out / "table.md").write_text(table(data))
-    print(table(data))
+    write_small_run(args.out, data, table(data))
 
 
 def table(data: dict) -> str:
-    m = data["machine"]
     lines = ["# Corpus of real-style programs: compiled (cpu) against eager, batch 1", "",
-             f"- machine: {m['cpu']}, {m['cores']} cores; load average at start {(m['load_average'] or ['?'])[0]}; "
-             f"commit {(m['git'].get('commit') or '?')[:12]}{' (dirty tree)' if m['git'].get('dirty') else ''}",
+             machine.summary(data["machine"]),
              "- medians in ms, timed in rounds in one process; speedup = eager / compiled", "",
              "| program | eager ms | compiled ms | speedup |", "|---|---|---|---|"]
     for name, r in data["programs"].items():

@@ -17,6 +17,14 @@ def describe() -> dict:
             "versions": versions(), "git": git_state(), "load_average": load_average()}
 
 
+def summary(m: dict) -> str:
+    """A table header's line: the machine, its load when the run started, the commit."""
+    git = m.get("git", {})
+    return (f"- machine: {m.get('cpu')}, {m.get('cores')} cores; load average at start "
+            f"{(m.get('load_average') or ['?'])[0]}; commit {(git.get('commit') or '?')[:12]}"
+            f"{' (dirty tree)' if git.get('dirty') else ''}")
+
+
 def load_average() -> list[float] | None:
     """1/5/15-minute load: other processes on a small machine make every number noisier."""
     try:

@@ -6,13 +6,13 @@ nn.LSTM / nn.GRU (2 layers, 64 steps, hidden 256, batch 1) against the same weig
 nn.LSTMCell / nn.GRUCell time loops; nn.MultiheadAttention and F.scaled_dot_product_attention
 against the same attention written with matmul and softmax. Each pair is checked against
 eager first, then timed in rounds in one process (one call of each per round), on all
-workers in every call; the eager module is timed after them, apart. Writes results.json (machine, versions, commit, raw timings) and
-table.md with the ratio module form / hand-written form.
+workers in every call; the eager module is timed after them, apart. Writes results.json
+(machine, versions, commit, raw timings) and table.md with the ratio module form /
+hand-written form.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 import cocktailer
 from bench import machine
+from bench.results import write_small_run
 from bench.timing import Budget, measure, measure_interleaved
 
 STEPS, HIDDEN, LAYERS = 64, 256, 2
@@ -145,17 +146,12 @@ def main(argv=None):
               f"eager module {medians[2] * 1e3:.3g} ms", file=sys.stderr, flush=True)
     data = {"machine": machine.describe(), "shape": {"steps": STEPS, "hidden": HIDDEN, "layers": LAYERS},
             "pairs": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(data, indent=1))
-    (args.out / "table.md").write_text(table(data))
-    print(table(data))
+    write_small_run(args.out, data, table(data))
 
 
 def table(data: dict) -> str:
-    m = data["machine"]
     lines = ["# Module forms against hand-written forms, both compiled (cpu backend), batch 1", "",
-             f"- machine: {m['cpu']}, {m['cores']} cores; load average at start {(m['load_average'] or ['?'])[0]}; "
-             f"commit {(m['git'].get('commit') or '?')[:12]}{' (dirty tree)' if m['git'].get('dirty') else ''}",
+             machine.summary(data["machine"]),
              f"- {data['shape']['layers']} layers, {data['shape']['steps']} steps, hidden {data['shape']['hidden']}; "
              "medians in ms, timed in rounds in one process; ratio = module / hand-written", "",
              "| pair | module form ms | hand-written ms | ratio | eager module ms |", "|---|---|---|---|---|"]

@@ -45,6 +45,14 @@ class ResultStore:
         os.replace(tmp, self.path)   # atomic: a reader never sees half a file
 
 
+def write_small_run(out: pathlib.Path, data: dict, table: str):
+    """A one-shot benchmark's results.json and table.md (the table printed too)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(_finite(data), indent=1))
+    (out / "table.md").write_text(table)
+    print(table)
+
+
 def _finite(value):
     """JSON has no inf/nan: write them as strings."""
     if isinstance(value, float) and not math.isfinite(value):
