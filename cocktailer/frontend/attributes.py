@@ -56,7 +56,7 @@ class Snapshot:
         out = []
         for (root, path, obj), before in zip(self.owners, self.before):
             for name, value in _plain(obj).items():
-                if before.get(name, _MISSING) is not value:
+                if not _unchanged(before.get(name, _MISSING), value):
                     out.append((Target(root, path, name), value))
         return out
 
@@ -75,6 +75,18 @@ def assign(targets: list[Target], values: tuple, module, leaves: list):
     """After a call: set each attribute to what the program assigned it."""
     for target, value in zip(targets, values):
         setattr(target.owner(module, leaves), target.name, value)
+
+
+def _unchanged(before, now) -> bool:
+    """The same object, or an equal Python value (`self.mode = "eval"` again is no change)."""
+    if before is now:
+        return True
+    if before is _MISSING or isinstance(before, torch.Tensor) or isinstance(now, torch.Tensor):
+        return False
+    try:
+        return type(before) is type(now) and bool(before == now)
+    except Exception:   # a comparison that is not a plain bool
+        return False
 
 
 def _has_attributes(x) -> bool:

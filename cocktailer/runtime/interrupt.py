@@ -78,18 +78,15 @@ def _load() -> ctypes.CDLL:
     return _library
 
 
-def counter_address() -> int:
-    """The address of the process-wide SIGINT counter that generated programs poll."""
-    return _counter or (_load() and _counter)
-
-
-def arm():
-    """Make sure a SIGINT reaches running native programs (cheap when nothing changed)."""
+def arm() -> int:
+    """Make sure a SIGINT reaches running native programs (cheap when nothing changed); the
+    address of the process-wide counter they poll."""
     global _armed_for
     current = signal.getsignal(signal.SIGINT)
     if current is _armed_for and _library is not None:
-        return
+        return _counter
     library = _load()
     with _lock:
         library.ct_sigint_arm()
         _armed_for = current
+    return _counter

@@ -176,8 +176,7 @@ class CompiledProgram:
         ins = (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs])
         outs = (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs])
         workers = self.active_workers.choose()
-        interrupt.arm()
-        err[ERR_SIGINTS], err[ERR_MAX_ITERATIONS] = interrupt.counter_address(), self.max_iterations or 0
+        err[ERR_SIGINTS], err[ERR_MAX_ITERATIONS] = interrupt.arm(), self.max_iterations or 0
         start = time.perf_counter()
         code = self._fn(ins, outs, self._const_table, arena.data_ptr(), stack.data_ptr(), self.max_depth,
                         locals_.data_ptr(), rets.data_ptr(), err, workers)
@@ -185,7 +184,6 @@ class CompiledProgram:
         if code:
             self._raise(code)
         return outputs   # inputs written in place come back as the last outputs; the caller copies them
-
 
     def _raise(self, code: int):
         errors = self.entry.errors
