@@ -162,3 +162,20 @@ def test_named_tuples_are_results_and_other_objects_are_refused():
         return Out(x + 1)
     with pytest.raises(cocktailer.UnsupportedError, match="returning a `Out` object"):
         cocktailer.compile(boxed, (torch.ones(2),), backend="reference")
+
+
+def test_topk_and_sort_with_infinities_and_extreme_integers():
+    """Data holding what a round masks taken positions with (-inf, the dtype's maximum): each
+    position is taken once. (topk's order among ties is torch's choice: values and positions
+    are compared, not the order of equal values.)"""
+    def f(x, i):
+        return torch.topk(x, 4), torch.sort(x, dim=1), torch.topk(i, 3, largest=False)
+    x = torch.tensor([[0.5, float("-inf"), float("-inf"), 1.0, float("inf")], [float("-inf")] * 5])
+    i = torch.tensor([[torch.iinfo(torch.int64).max] * 4 + [3]])
+    for backend in ("reference", "cpu"):
+        (v, vi), (s, si), (w, wi) = cocktailer.compile(f, (x, i), backend=backend)(x, i)
+        (ev, _), (es, esi), (ew, _) = f(x, i)
+        assert torch.equal(v, ev) and torch.equal(w, ew) and torch.equal(s, es) and torch.equal(si, esi)
+        for values, positions, source in ((v, vi, x), (w, wi, i)):
+            assert torch.equal(source.gather(1, positions), values)
+            assert all(len(set(row.tolist())) == len(row) for row in positions)   # no position twice

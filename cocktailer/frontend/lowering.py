@@ -516,16 +516,21 @@ def _topk(L, x, k, dim=-1, largest=True, sorted=True, *, out=None):
     dim = dim % max(x.dim(), 1)
     if not 0 < k <= x.shape[dim]:
         raise UnsupportedError(f"topk with k={k} for a dimension of size {x.shape[dim]}")
-    pick, fill = (Op.ARGMAX, _lowest(x.dtype)) if largest else (Op.ARGMIN, _highest(x.dtype))
+    best, fill = (Op.AMAX, _lowest(x.dtype)) if largest else (Op.AMIN, _highest(x.dtype))
     with torch._C.DisableTorchFunction():
         positions = torch.arange(x.shape[dim], device=L.t.device).reshape(
             tuple(-1 if d == dim else 1 for d in range(x.dim())))
-    left, values, indices = x, [], []
+    taken = L.elementwise(Op.NE, positions, positions)   # all False
+    values, indices = [], []
     for _ in range(k):
-        index = L.out(pick, [left], dim=dim, keepdim=True)
-        values.append(_gather_elements(L, x, dim, index))
+        # the best value among those not taken yet, then the first position not taken that
+        # holds it (not just the first that holds it: the data may hold the fill value, -inf)
+        value = L.out(best, [L.elementwise(Op.WHERE, taken, fill, x)], dims=(dim,), keepdim=True)
+        hits = L.elementwise(Op.AND, L.elementwise(Op.EQ, x, value), L.elementwise(Op.NOT, taken))
+        index = L.out(Op.ARGMAX, [L.cast(hits, torch.int32)], dim=dim, keepdim=True)
+        values.append(value)
         indices.append(index)
-        left = L.elementwise(Op.WHERE, L.elementwise(Op.EQ, positions, index), fill, left)
+        taken = L.elementwise(Op.OR, taken, L.elementwise(Op.EQ, positions, index))
     return torch.return_types.topk((_cat(L, values, dim), _cat(L, indices, dim)))
 
 
