@@ -447,3 +447,16 @@ def copy_of_a_view_then_write_the_viewed(y, c):
 
 def test_written_inputs_do_not_see_each_others_write_back():
     assert_matches_eager(copy_of_a_view_then_write_the_viewed, [(randn(3, seed=0), torch.zeros(()))])
+
+
+def test_a_loop_variable_that_entered_as_an_input_and_is_rebound_to_it_in_a_branch():
+    """Found by fuzzing (seed 2000799): `v` is `x` before the loop and again where the branch
+    runs; where it does not, it still is `x` from before, so the in-place relu writes `x`."""
+    def f(x, m):
+        v = x
+        for _ in range(3):
+            if m[2, 2]:
+                v = x
+            F.relu(v, inplace=True)
+    sets = [(randn(4, 3, seed=s), torch.full((4, 3), s == 1)) for s in range(2)]
+    assert_matches_eager(f, sets)

@@ -312,8 +312,20 @@ def _found_leaf_link(r: Resolved, link: LinkPlan) -> tuple | None:
     if link.slot[0] != "leaf" or link.slot[1] not in r.leaves:
         return None
     point = r.leaves[link.slot[1]]
+    if point is None:
+        return None
     mine = _leaf_link(link.slot[1], point)
-    return (point[0], [(point[1], ())]) if mine is not None and mine.key == link.key else None
+    if mine is not None and mine.key == link.key:
+        return point[0], [(point[1], ())]
+    if point[0][0] == "outer" and isinstance(point[0][1], Storage):
+        # the variable is memory from outside that may itself be a view of the link's target
+        # (a loop variable that entered the loop as another variable): its links say when
+        hits = [(chain + point[1], flags) for target, chain, flags in
+                _link_targets(point[0][1], lambda s: True, {}, (), {point[0][1]})
+                if target_key(("outer", target)) == target_key(link.target)
+                and chain_structure(chain + point[1]) == link.structure]
+        return (link.target, hits) if hits else None
+    return None
 
 
 def _slot_value(t: Tracer, side: Side, storage: Storage | None, key: tuple, slot: Slot) -> Value:
