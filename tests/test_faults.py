@@ -101,7 +101,10 @@ def test_python_object_arguments_are_keyed_by_their_contents():
 
 
 RUNAWAY = textwrap.dedent("""
-    import sys, torch, cocktailer
+    import signal, sys, torch, cocktailer
+    # Python's own handler, as in a terminal: a process started in the background of a
+    # non-interactive shell (as CI may start the tests) inherits SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     def spin(x):
         while x.sum() > 0:   # never false for positive x
             x = x * 1.0
