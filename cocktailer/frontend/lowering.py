@@ -1128,6 +1128,8 @@ def _scatter(L, x, dim, index, src=None, value=None, *, reduce=None):
 @register("index_add")
 def _index_add(L, x, dim, index, source, *, alpha=1):
     """out = x; out[index[i]] += alpha * source[i] along dim."""
+    if not source.dtype.is_floating_point:
+        raise UnsupportedError("index_add of an integer tensor", hint="add in a float dtype and cast back")
     dim = dim % x.dim()
     shape = [1] * x.dim()
     shape[dim] = index.shape[0]
