@@ -13,11 +13,9 @@ pay it. Writes results.json (machine, versions, commit, raw timings) and table.m
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 from unittest import mock
 
 import torch
@@ -25,7 +23,7 @@ import torch
 import cocktailer
 from bench import machine
 from bench.results import write_small_run
-from bench.timing import Budget, measure_interleaved
+from bench.timing import measure_interleaved, on_all_workers, one_shot_budget, one_shot_parser
 from cocktailer import models
 from cocktailer.codegen.renderer import Renderer
 from cocktailer.runtime import interrupt
@@ -36,17 +34,14 @@ def compiled_pair(name: str):
     with_checks = cocktailer.compile(w.model, w.inputs, backend="cpu")
     with mock.patch.object(Renderer, "back_edge_checks", lambda self, iteration: None):
         without = cocktailer.compile(w.model, w.inputs, backend="cpu")
-    for fast in (with_checks, without):
-        # all workers in every call: the contention fallback (runtime.native.Workers) would
-        # otherwise let the two pick different worker counts on a shared machine
-        next(iter(fast.cache.values()))[1].active_workers.adaptive = False
     for fast in (with_checks, without):   # both right before either is timed
+        on_all_workers(fast)
         torch.testing.assert_close(fast(*w.inputs), w.model(*w.inputs), rtol=1e-3, atol=1e-4)
     return w, with_checks, without
 
 
 def library(fast) -> str:
-    return next(iter(fast.cache.values()))[1].library
+    return on_all_workers(fast).library
 
 
 def arm_seconds(calls: int = 100_000) -> float:
@@ -58,13 +53,11 @@ def arm_seconds(calls: int = 100_000) -> float:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = one_shot_parser(__doc__, 6.0, "bench/results/back-edges")
     p.add_argument("--models", default=",".join(models.names()))
-    p.add_argument("--seconds", type=float, default=6.0, help="timed seconds per variant, at least")
-    p.add_argument("--out", type=Path, default=Path("bench/results/back-edges"))
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
-    budget = Budget(warmup=5, min_runs=40, min_seconds=args.seconds, max_seconds=4 * args.seconds)
+    budget = one_shot_budget(args.seconds)
     rows = {}
     for name in args.models.split(","):
         w, with_checks, without = compiled_pair(name)

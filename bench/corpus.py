@@ -10,27 +10,22 @@ compiled one). Writes results.json (machine, versions, commit, raw timings) and 
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
 import cocktailer
 from bench import machine
 from bench.results import write_small_run
-from bench.timing import Budget, measure_interleaved
+from bench.timing import measure_interleaved, one_shot_budget, one_shot_parser
 from cocktailer.models import corpus
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seconds", type=float, default=3.0, help="timed seconds per system, at least")
-    p.add_argument("--out", type=Path, default=Path("bench/results/corpus"))
-    args = p.parse_args(argv)
+    args = one_shot_parser(__doc__, 3.0, "bench/results/corpus").parse_args(argv)
     torch.set_grad_enabled(False)
-    budget = Budget(warmup=5, min_runs=30, min_seconds=args.seconds, max_seconds=4 * args.seconds)
+    budget = one_shot_budget(args.seconds, min_runs=30)
     rows = {}
     for name, (_, inputs_of) in corpus.CORPUS.items():
         model, inputs = corpus.make(name), inputs_of(0)

@@ -12,11 +12,9 @@ hand-written form.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -25,7 +23,7 @@ import torch.nn.functional as F
 import cocktailer
 from bench import machine
 from bench.results import write_small_run
-from bench.timing import Budget, measure, measure_interleaved
+from bench.timing import measure, measure_interleaved, on_all_workers, one_shot_budget, one_shot_parser
 
 STEPS, HIDDEN, LAYERS = 64, 256, 2
 
@@ -123,19 +121,16 @@ def pairs():
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seconds", type=float, default=4.0, help="timed seconds per form, at least")
-    p.add_argument("--out", type=Path, default=Path("bench/results/module-forms"))
-    args = p.parse_args(argv)
+    args = one_shot_parser(__doc__, 4.0, "bench/results/module-forms").parse_args(argv)
     torch.set_grad_enabled(False)
-    budget = Budget(warmup=5, min_runs=40, min_seconds=args.seconds, max_seconds=4 * args.seconds)
+    budget = one_shot_budget(args.seconds)
     rows = {}
     for name, (module_form, hand_form, inputs) in pairs().items():
         expected = hand_form(*inputs)
         compiled = [cocktailer.compile(f, inputs, backend="cpu") for f in (module_form, hand_form)]
         for fast in compiled:
             torch.testing.assert_close(fast(*inputs), expected, rtol=1e-3, atol=1e-4)
-            next(iter(fast.cache.values()))[1].active_workers.adaptive = False   # all workers in every call
+            on_all_workers(fast)
         times = measure_interleaved([lambda f=f: f(*inputs) for f in compiled], budget)
         # eager apart: its OpenMP threads spin after each call and would slow whichever ran next
         times.append(measure(lambda: module_form(*inputs), budget))

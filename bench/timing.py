@@ -3,7 +3,9 @@ minimum time are reached (so fast systems get many samples and slow ones still f
 and robust statistics of the samples. Never used by the tests."""
 from __future__ import annotations
 
+import argparse
 import gc
+import pathlib
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -87,3 +89,26 @@ def summarize(times: list[float]) -> dict:
     q = np.percentile(t, [10, 25, 50, 75, 90])
     return {"runs": len(times), "median_s": float(q[2]), "p10_s": float(q[0]), "p90_s": float(q[4]),
             "q1_s": float(q[1]), "q3_s": float(q[3]), "min_s": float(t.min()), "mean_s": float(t.mean())}
+
+
+# -- the one-shot benchmarks (bench.back_edges, bench.corpus, bench.module_forms) ------------
+
+def one_shot_parser(doc: str, seconds: float, out: str) -> argparse.ArgumentParser:
+    """Their command line: --seconds (timed seconds per system, at least) and --out."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=seconds, help="timed seconds per system, at least")
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path(out))
+    return p
+
+
+def one_shot_budget(seconds: float, min_runs: int = 40) -> Budget:
+    return Budget(warmup=5, min_runs=min_runs, min_seconds=seconds, max_seconds=4 * seconds)
+
+
+def on_all_workers(compiled):
+    """A compiled function's (one) executable, set to run on all its workers in every call:
+    the contention fallback (runtime.native.Workers) could otherwise give two builds timed
+    side by side different worker counts on a shared machine."""
+    executable = next(iter(compiled.cache.values()))[1]
+    executable.active_workers.adaptive = False
+    return executable

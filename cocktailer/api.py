@@ -116,8 +116,7 @@ class CompiledFunction:
         self.parameters = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
         self.cache: dict[tuple, tuple[Program, Callable]] = {}
         self._guards: dict[tuple, _ConstantGuard] = {}
-        self._warned_grad = False
-        self._warned_aliased = False
+        self._warned: set[type] = set()   # the fallback warnings given once already
         self.chosen = backend        # with "auto": the backend the last specialization used
         self.frozen = False   # compile_traced: no other specialization may be compiled
 
@@ -157,12 +156,10 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         if self._needs_grad(args, kwargs):
-            if not self._warned_grad:
-                warnings.warn("cocktailer compiles inference only: this call needs gradients (grad mode is on and "
-                              "an input or parameter requires grad), so it runs eagerly. Call the compiled model "
-                              "under torch.no_grad() or torch.inference_mode().", GradFallbackWarning, stacklevel=2)
-                self._warned_grad = True
-            return self.fn(*args, **kwargs)
+            return self._eager(args, kwargs, GradFallbackWarning,
+                               "cocktailer compiles inference only: this call needs gradients (grad mode is on and "
+                               "an input or parameter requires grad), so it runs eagerly. Call the compiled model "
+                               "under torch.no_grad() or torch.inference_mode().")
         args, kwargs = self._bind(args, kwargs)
         leaves, _ = pytree.flatten((args, kwargs))
         program, run = self._entry(args, kwargs, leaves)
@@ -170,12 +167,10 @@ class CompiledFunction:
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         boundary = program.boundary
         if boundary.written and _overlapping(tensors, program):
-            if not self._warned_aliased:
-                warnings.warn("this call's tensor arguments share memory with each other (or with a parameter the "
-                              "program writes), and the program writes in place: it runs eagerly, so that every "
-                              "alias sees the writes as in PyTorch", AliasedInputsWarning, stacklevel=2)
-                self._warned_aliased = True
-            return self.fn(*args, **kwargs)
+            return self._eager(args, kwargs, AliasedInputsWarning,
+                               "this call's tensor arguments share memory with each other (or with a parameter the "
+                               "program writes), and the program writes in place: it runs eagerly, so that every "
+                               "alias sees the writes as in PyTorch")
         results = run(tensors)
         if not getattr(run, "fresh_outputs", False):
             results = _own_memory(results, boundary, tensors, program)
@@ -187,6 +182,13 @@ class CompiledFunction:
             result, values = result
             assign_attributes(program.attribute_writes, values, self.fn, leaves)
         return result
+
+    def _eager(self, args, kwargs, warning: type, message: str):
+        """Run the original model eagerly; say why, once per kind of reason."""
+        if warning not in self._warned:
+            warnings.warn(message, warning, stacklevel=3)
+            self._warned.add(warning)
+        return self.fn(*args, **kwargs)
 
     def _samples(self, args, kwargs, key: tuple) -> list[list[torch.Tensor]]:
         """What the measured policy times candidates on: these arguments' tensors, and those of
