@@ -460,3 +460,43 @@ def test_a_loop_variable_that_entered_as_an_input_and_is_rebound_to_it_in_a_bran
             F.relu(v, inplace=True)
     sets = [(randn(4, 3, seed=s), torch.full((4, 3), s == 1)) for s in range(2)]
     assert_matches_eager(f, sets)
+
+
+def test_a_write_reaches_memory_two_links_away_only_where_both_links_hold():
+    """Found by fuzzing (seed 2002584): after the loop `v` may be `x`'s memory (a link) and
+    `x` may be the input's (another); the write through `v` must reach the input through `x`,
+    not be undone by the other path, where `v`'s own link to the input is known false."""
+    def f(x):
+        v = x
+        for _ in range(3):
+            for _ in range(3):
+                v = x
+            x = x
+        v.add_(torch.tanh(torch.where(v.detach() > 0, v, x)))
+        return x
+    assert_matches_eager(f, [(randn(4, 3, seed=s),) for s in range(2)])
+
+
+def test_an_alias_whose_memory_depends_on_iterations_run():
+    """Seeds 2004411 and 2001314: `c` is the input `c` if the inner loop never ran, else a
+    view of `y`; `y` changes memory between iterations of a loop that writes it."""
+    def inner_loop_rebinds(y, z, c):
+        w0 = 0
+        while w0 < 4 and y.sum().clamp(-1.5, 1.5) > c:
+            w0 += 1
+            w1 = 0
+            while w1 < 3 and (torch.sigmoid(z) * z).sum() < 0.5:
+                w1 += 1
+                c = y[2]
+            c.tanh_()
+        return c
+
+    def swapped_in_a_loop(x, y):
+        r = torch.tanh(x[0])
+        r, y = y, r
+        for i in range(3):
+            torch.add(torch.sigmoid(r) * x[i], 1.0, out=y)
+            y = r
+    sets = [(randn(3, seed=s), randn(4, seed=s + 7), torch.tensor(-1.0 + s)) for s in range(3)]
+    assert_matches_eager(inner_loop_rebinds, sets)
+    assert_matches_eager(swapped_in_a_loop, [(randn(4, 3, seed=s), randn(3, seed=s + 3)) for s in range(2)])

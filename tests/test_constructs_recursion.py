@@ -299,3 +299,20 @@ def test_rae_hidden_sizes():
         model = RAE(hidden).eval()
         inputs = [(l, r, leaf, randn(NODES, hidden, seed=i), root) for i, (l, r, leaf, _, root) in enumerate(zoo_inputs())]
         assert_matches_eager(model, inputs)
+
+
+def test_a_recursive_result_read_only_by_a_branch_that_does_nothing():
+    """Seed 2004533: dead code must go as a whole. An `if` with an empty body reads the call's
+    result through its condition; the call's result must not be dropped while that stays."""
+    def rec(left, right, is_leaf, data, node):
+        if is_leaf[node]:
+            return data[node] * 2.0
+        return torch.tanh(rec(left, right, is_leaf, data, left[node]) - rec(left, right, is_leaf, data, right[node]))
+
+    def f(y, left, right, is_leaf, data, root):
+        r = rec(left, right, is_leaf, data, root)
+        if (torch.stack([y, r]) > 0.5).any():
+            pass
+        return y * 2
+    tree = (torch.tensor([1, -1, -1]), torch.tensor([2, -1, -1]), torch.tensor([False, True, True]))
+    assert_matches_eager(f, [(randn(3, seed=s), *tree, randn(3, 3, seed=s + 1), torch.tensor(0)) for s in range(2)])

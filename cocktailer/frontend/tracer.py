@@ -115,6 +115,9 @@ def is_proxy(x) -> bool:
     return isinstance(x, Proxy)
 
 
+_MAX_ALIAS_PATHS = 512   # paths of links one in-place write is followed along
+
+
 class Tracer:
     def __init__(self, device: torch.device, param_names: dict[int, str], hints: dict[str, Any]):
         self.device = device
@@ -410,35 +413,50 @@ class Tracer:
         storage.value, storage.stamp = value, next(self._stamps)
 
     def _propagate(self, origin: Storage):
-        """Breadth first from the written storage: every storage linked to one already
-        updated takes its new contents through each link (a variable that may be x[1] or
-        x[2] writes x twice, under two flags), and passes them on once."""
-        done, queue = {origin}, [origin]
-        while queue:
-            storage = queue.pop(0)
-            for other, update in self._linked(storage):
-                if other in done:
+        """Every storage that may share memory with the written one takes its new contents,
+        under the condition that it does share it: the flags along a path of links from the
+        written storage all hold. Paths are followed each with its own condition (and never
+        through a storage twice), so a storage a false link "updated" with its old contents
+        does not pass them back to one that really changed (x may be y, y may be z: a write
+        into x reaches z through y only where both links hold)."""
+        paths, expanded = [(origin, True, frozenset([origin]))], 0
+        while paths:
+            storage, holds, seen = paths.pop(0)
+            expanded += 1
+            if expanded > _MAX_ALIAS_PATHS:
+                raise UnsupportedError("an in-place write into a tensor that may share memory with too many others "
+                                       "(variables rebound to each other's views in loops and branches)",
+                                       hint="write into a `.clone()`, or keep the variables' aliasing the same on every path")
+            for other, flag, derive in self._linked(storage):
+                if other in seen:
                     continue
-                self._set(other, update())
-                if other not in queue:
-                    queue.append(other)
-            done.add(storage)
+                cond = self._both(holds, flag)
+                if cond is False:
+                    continue
+                self._set(other, self.select(cond, derive, lambda other=other: self.storage_value(other)))
+                paths.append((other, cond, seen | {other}))
 
-    def _linked(self, storage: Storage) -> Iterator[tuple[Storage, Callable[[], Value]]]:
-        """(storage, its contents after `storage` changed) for each link from or to it."""
+    def _both(self, a: Value | bool, b: Value) -> Value | bool:
+        """a AND b, folding the constant flags a merge gives where a path is known."""
+        b = True if b is self.true() else False if b is self.false() else b
+        if a is True or b is False:
+            return b
+        return a if b is True else self.emit1(Op.AND, [a, b])
+
+    def _linked(self, storage: Storage) -> Iterator[tuple[Storage, Value, Callable[[], Value]]]:
+        """(storage, link flag, its contents after `storage` changed, where the flag holds)
+        for each link from or to `storage`."""
         for link in list(storage.links):   # this storage may be part of the target: write it there
             target = link.target
             if not self._in_scope(target):
                 continue
-            yield target, lambda link=link, target=target: self.select(
-                link.flag, lambda: self.scatter(self.storage_value(target), link.chain, storage.value),
-                lambda: self.storage_value(target))
+            yield target, link.flag, lambda link=link, target=target: self.scatter(
+                self.storage_value(target), link.chain, storage.value)
         for link in list(storage.dependents):   # another storage may be part of this one: read it again
             alias = link.alias
             if alias is None or alias.value is None or not self._in_scope(alias):
                 continue
-            yield alias, lambda link=link, alias=alias: self.select(
-                link.flag, lambda: self.apply_chain(storage.value, link.chain), lambda: alias.value)
+            yield alias, link.flag, lambda link=link: self.apply_chain(storage.value, link.chain)
 
     def _in_scope(self, storage: Storage) -> bool:
         """Whether the program can still reach `storage`: it was made in a region enclosing this

@@ -24,7 +24,7 @@ def _sweep(region: Region, used: set[int]) -> bool:
     changed = False
     kept = []
     for op in region.ops:
-        if op.results and not any(r.id in used for r in op.results):
+        if not any(r.id in used for r in op.results):   # an `if` with no results too: nothing reads it
             changed = True
             continue
         for r in op.regions:

@@ -63,8 +63,12 @@ def configs_for(seed: int, count: int = 1) -> list[str]:
     return ["reference"] + list(dict.fromkeys(names))
 
 
-def check(program: Program, config: str, sets: int = INPUT_SETS) -> Outcome:
+def check(program: Program, config: str, sets: int = INPUT_SETS, max_iterations: int | None = None) -> Outcome:
+    """`max_iterations`: compile with that bound on every loop (a minimizer's candidate may loop
+    for ever in native code, where no Python signal reaches it)."""
     backend, options = CONFIGS[config]
+    if max_iterations is not None:
+        options = {**options, "max_iterations": max_iterations}
     out = Outcome(program.seed, config, "ok")
     inputs = [program.inputs(k) for k in range(sets)]
     try:
@@ -75,6 +79,8 @@ def check(program: Program, config: str, sets: int = INPUT_SETS) -> Outcome:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             _call(eager_fn if not isinstance(eager_fn, torch.nn.Module) else copy.deepcopy(eager_fn), inputs[0])
+    except TimeoutError:   # the minimizer's alarm: a candidate that loops for ever
+        raise
     except Exception as e:
         return Outcome(program.seed, config, "invalid", _short(e))
     compiled_fn = program.build()
@@ -101,6 +107,8 @@ def _compare_once(program, eager_fn, fast, args, k, options) -> Outcome | None:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             expected = _call(eager_fn, eager_args)
+    except TimeoutError:
+        raise
     except Exception:
         return None   # this input set makes eager fail (an index out of range, say): nothing to compare
     try:

@@ -21,6 +21,9 @@ from fuzz.gen import Program, Stmt
 from fuzz.harness import CONFIGS, INPUT_SETS, Outcome, check
 
 
+CANDIDATE_ITERATIONS = 100_000   # generated loops run a few iterations: more is a candidate looping for ever
+
+
 def minimize(program: Program, config: str, failure: Outcome, seconds: float = 300.0) -> Program:
     deadline = time.monotonic() + seconds
     still_fails = lambda p: signature(_check_within(p, config, 20.0)) == signature(failure)
@@ -39,13 +42,14 @@ def minimize(program: Program, config: str, failure: Outcome, seconds: float = 3
 
 def _check_within(program: Program, config: str, seconds: float):
     """check(), given up after `seconds` (a smaller program may loop for ever: a `while` whose
-    counter the minimizer removed)."""
+    counter the minimizer removed). The alarm stops eager PyTorch; compiled loops stop at
+    `CANDIDATE_ITERATIONS` (native code does not see the alarm)."""
     def give_up(*_):
         raise TimeoutError
     old = signal.signal(signal.SIGALRM, give_up)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        return check(program, config)
+        return check(program, config, max_iterations=CANDIDATE_ITERATIONS)
     except TimeoutError:
         return Outcome(program.seed, config, "timeout")
     finally:
