@@ -126,7 +126,7 @@ class Tracer:
         self.constants: dict[str, torch.Tensor] = {}
         self._constant_names: dict[int, str] = {}
         self.const_storages: dict[int, Storage] = {}   # id(tensor) -> its storage
-        self._const_layouts: list[tuple[tuple, Storage]] = []     # (memory, layout) -> storage
+        self._const_layouts: dict[tuple, Storage] = {}     # (memory, layout) -> storage
         self._const_tensors: dict[Storage, torch.Tensor] = {}     # storage -> the tensor it reads
         self.consts_written: set[str] = set()          # constants the program writes in place
         self.functions: dict[str, Function] = {}
@@ -137,6 +137,7 @@ class Tracer:
         self.producer: dict[int, Operation] = {}
         self.param_index: dict[int, int] = {}          # region parameter -> its position
         self._hoisted: dict[tuple, Value] = {}         # per function: constants and scalars
+        self._hoisted_count: dict[int, int] = {}      # per function: how many lead its body
         self._stamps = itertools.count(1)
         self.unconverted: set[str] = set()             # user functions whose source could not be read
 
@@ -301,12 +302,12 @@ class Tracer:
         storage = self.const_storages.get(id(tensor))
         if storage is None:
             layout = _layout(tensor)
-            storage = next((s for t, s in self._const_layouts if t == layout), None)
+            storage = self._const_layouts.get(layout)
             if storage is None:
                 value = self.constant(tensor)
                 storage = Storage(value, next(self._stamps), None, "const",
                                   meta_like(tensor.shape, tensor.stride(), tensor.dtype))
-                self._const_layouts.append((layout, storage))
+                self._const_layouts[layout] = storage
                 self._const_tensors[storage] = tensor
             self.const_storages[id(tensor)] = storage
         return storage
@@ -388,10 +389,10 @@ class Tracer:
         """A constant written in place must not share memory with another one read in a
         different layout (a slice of a parameter kept as an attribute): their values would
         not follow each other."""
-        for layout, storage in self._const_layouts:
+        for layout, storage in self._const_layouts.items():
             if self.const_name(storage) not in self.consts_written:
                 continue
-            shared = [self.const_name(s) for other, s in self._const_layouts
+            shared = [self.const_name(s) for other, s in self._const_layouts.items()
                       if s is not storage and other[0] == layout[0]]
             if shared:
                 raise UnsupportedError(f"an in-place write into `{self.const_name(storage)}`, which shares memory "
@@ -543,8 +544,11 @@ class Tracer:
         if value is None:
             value = Value(type)
             operation = Operation(op, [], [value], attrs, [], None)
-            n = sum(1 for o in root.ops if o.op in (Op.CONST, Op.SCALAR))
+            n = self._hoisted_count.get(id(root), 0)   # counted, not searched: a big model has thousands
+            if n > len(root.ops) or (n and root.ops[n - 1].op not in (Op.CONST, Op.SCALAR)):
+                n = sum(1 for o in root.ops if o.op in (Op.CONST, Op.SCALAR))
             root.ops.insert(n, operation)
+            self._hoisted_count[id(root)] = n + 1
             self.value_region[value.id] = root
             self.producer[value.id] = operation
             self._hoisted[key] = value
