@@ -500,3 +500,31 @@ def test_an_alias_whose_memory_depends_on_iterations_run():
     sets = [(randn(3, seed=s), randn(4, seed=s + 7), torch.tensor(-1.0 + s)) for s in range(3)]
     assert_matches_eager(inner_loop_rebinds, sets)
     assert_matches_eager(swapped_in_a_loop, [(randn(4, 3, seed=s), randn(3, seed=s + 3)) for s in range(2)])
+
+
+def test_the_first_call_does_not_run_the_program_on_the_callers_tensors_first():
+    """Capture runs a recursive program eagerly to learn its result types; that run must not
+    write the caller's input (nor the module's buffers) before the compiled call reads them."""
+    def leaves_plus_one(x, left, right, node):
+        if left[node] < 0:
+            x[node].add_(1.0)
+            return x[node] * 1.0
+        return leaves_plus_one(x, left, right, left[node]) + leaves_plus_one(x, left, right, right[node])
+
+    class Accumulate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x, left, right, node):
+            self.calls.add_(1.0)
+            return leaves_plus_one(x, left, right, node)
+    left, right = torch.tensor([1, -1, -1]), torch.tensor([2, -1, -1])
+    eager, compiled = Accumulate(), Accumulate()
+    fast = cocktailer.compile(compiled, backend="reference")
+    x_eager, x_compiled = randn(3, 2, seed=0), randn(3, 2, seed=0)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x_compiled, left, right, torch.tensor(0)),
+                                   eager(x_eager, left, right, torch.tensor(0)))
+    torch.testing.assert_close(x_compiled, x_eager)
+    torch.testing.assert_close(compiled.calls, eager.calls)

@@ -183,11 +183,25 @@ def _definition_loc(fn):
 
 
 def _profile_returns(fn: Callable, args, kwargs) -> dict:
-    """Run eagerly and record what each user function returns (types only)."""
+    """Run eagerly and record what each user function returns (types only). It runs on copies
+    of the argument tensors, and the module's own tensors are restored after it: what the
+    program writes in place must not be written before the compiled call reads it."""
     recorder = _Recorder()
+    args, kwargs = pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, (args, kwargs))
     with context.active(recorder), torch.no_grad():
-        recorder.call(fn, args, kwargs)
+        saved = [(x, x.clone()) for x in _module_tensors(fn)]
+        try:
+            recorder.call(fn, args, kwargs)
+        finally:
+            for x, contents in saved:
+                x.copy_(contents)
     return recorder.seen
+
+
+def _module_tensors(fn) -> list[torch.Tensor]:
+    if not isinstance(fn, torch.nn.Module):
+        return []
+    return list({id(x): x for x in [*fn.parameters(), *fn.buffers()]}.values())
 
 
 def _device_of(leaves) -> torch.device:
