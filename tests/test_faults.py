@@ -56,6 +56,26 @@ def test_replaced_parameters_are_seen(backend, change):
     _check(fast, model, x, n)
 
 
+@pytest.mark.parametrize("backend", backends_under_test())
+def test_two_compiles_of_one_model_share_derived_weights_and_both_follow_writes(backend):
+    """A repeat compile reuses the folded and packed weights of the first (runtime.memo); a
+    weight written in place after both must reach both, and a compile after the write."""
+    torch.manual_seed(0)
+    model = Net().eval()
+    x, n = torch.randn(2, 3), torch.tensor(3)
+    first = cocktailer.compile(model, (x, n), backend=backend)
+    second = cocktailer.compile(model, (x, n), backend=backend)
+    with torch.no_grad():
+        model.lin.weight.mul_(-1.0)
+    _check(first, model, x, n)
+    _check(second, model, x, n)
+    _check(cocktailer.compile(model, (x, n), backend=backend), model, x, n)
+    with torch.no_grad():
+        model.lin.weight.add_(0.5)
+    _check(second, model, x, n)
+    _check(first, model, x, n)
+
+
 @dataclass
 class Node:   # eq=True without frozen: unhashable, compared by value
     value: float

@@ -123,5 +123,5 @@ def _entry(part: Part) -> Entry:
 def _constant(program: Program, rendered: Rendered, name: str):
     if name in rendered.prepacked:
         source, nr = rendered.prepacked[name]
-        return Packed(program.constants[source], functools.partial(prepack_b, nr=nr))
+        return Packed(program.constants[source], functools.partial(prepack_b, nr=nr), ("prepack_b", nr))
     return program.constants[name]

@@ -11,6 +11,7 @@ import torch
 
 from cocktailer.ir import CREATION, SEMANTICS, Op, Program
 from cocktailer.ir.printer import _attr
+from cocktailer.runtime.memo import DERIVED
 
 # Ops worth folding: anything but sources (already constant or cheap) and control flow.
 _NOT_FOLDED = CREATION | {Op.CONST, Op.IF, Op.LOOP, Op.CALL}
@@ -51,10 +52,14 @@ def _scalar_constant(program: Program, op) -> str:
 
 def _compute(program: Program, name: str) -> torch.Tensor:
     kind, attrs, sources = program.derived[name]
-    with torch.no_grad():
-        # one contiguous copy (never a view of a source: refreshing writes into it in place)
-        return SEMANTICS[kind](*(program.constants[s] for s in sources), **attrs).clone(
-            memory_format=torch.contiguous_format)
+    tensors = [program.constants[s] for s in sources]
+
+    def compute():
+        with torch.no_grad():
+            # one contiguous copy (never a view of a source: refreshing writes into it in place)
+            return SEMANTICS[kind](*tensors, **attrs).clone(memory_format=torch.contiguous_format)
+    # compiling the model again reuses it (programs sharing it refresh it alike: same sources)
+    return DERIVED.get((kind, repr(sorted(attrs.items()))), tensors, compute)
 
 
 def _versions(program: Program, sources: list[str]) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ import torch
 from cocktailer.errors import INTERRUPTED, ITERATIONS_EXCEEDED, CompiledCallError
 from cocktailer.ir import TensorType
 from cocktailer.runtime import interrupt
+from cocktailer.runtime.memo import DERIVED
 
 _ARGTYPES = [ctypes.c_void_p] * 9 + [ctypes.c_int]
 SLOTS_PER_FRAME = 8   # the generated code's CT_SLOTS: resume label, caller frame, fan-out state
@@ -33,6 +34,7 @@ class Packed:
     program loads, and again, in place, whenever `source` has been written since."""
     source: torch.Tensor
     pack: Callable[[torch.Tensor], torch.Tensor]
+    kind: tuple = ()     # what `pack` does (with `source`, what the packed tensor is: loads share it)
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,8 @@ class CompiledProgram:
         self._fn = getattr(handle, entry.name)
         self._fn.argtypes = _ARGTYPES
         self._fn.restype = ctypes.c_int64
-        self._constants = [c.pack(c.source) if isinstance(c, Packed) else c.detach().contiguous()
-                           for c in entry.constants]
+        self._constants = [DERIVED.get(c.kind, [c.source], lambda c=c: c.pack(c.source)) if isinstance(c, Packed)
+                           else c.detach().contiguous() for c in entry.constants]
         self._packed_from = {k: c.source._version for k, c in enumerate(entry.constants) if isinstance(c, Packed)}
         self._const_table = (ctypes.c_void_p * max(len(self._constants), 1))(*[t.data_ptr() for t in self._constants])
         self._local = threading.local()
