@@ -11,9 +11,10 @@ from typing import Any, Callable
 import torch
 
 from cocktailer import pytree
-from cocktailer.errors import CocktailerError, CompiledCallError, InternalError
+from cocktailer.errors import CocktailerError, CompiledCallError, InternalError, UnsupportedError
 from cocktailer.frontend import capture as _frontend_capture
 from cocktailer.frontend.attributes import assign as assign_attributes
+from cocktailer.frontend.nodes import NeedsAssignedTable, is_node_object, linearize
 from cocktailer.ir import Program
 from cocktailer.passes import CAPTURE_PIPELINE, run_pipeline
 from cocktailer.passes.fold_constants import refresh_derived
@@ -119,11 +120,12 @@ class CompiledFunction:
         self._warned: set[type] = set()   # the fallback warnings given once already
         self.chosen = backend        # with "auto": the backend the last specialization used
         self.frozen = False   # compile_traced: no other specialization may be compiled
+        self._assigned: dict[type, dict] = {}    # node class -> fields the program assigns (frontend.nodes)
+        self._kept_as_objects: set[type] = set()   # node classes whose trees the program reads as objects
 
-    def _key(self, args, kwargs, leaves: list | None = None) -> tuple:
-        if leaves is None:
-            leaves, _ = pytree.flatten((args, kwargs))
-        return tuple(_leaf_key(x) for x in leaves)
+    def _key(self, args, kwargs, flat: tuple[list, pytree.Spec] | None = None) -> tuple:
+        leaves, spec = flat if flat is not None else pytree.flatten((args, kwargs))
+        return spec, tuple(_leaf_key(x) for x in leaves)
 
     def _bind(self, args, kwargs) -> tuple[tuple, dict]:
         bound = self.signature.bind(*args, **kwargs)
@@ -133,10 +135,38 @@ class CompiledFunction:
     def specialize(self, *args, **kwargs) -> Program:
         """Compile for these arguments (if not cached yet); return the program."""
         args, kwargs = self._bind(args, kwargs)
-        return self._entry(args, kwargs)[0]
+        return self._prepare(args, kwargs)[2][0]
 
-    def _entry(self, args, kwargs, leaves: list | None = None) -> tuple[Program, Callable]:
-        key = self._key(args, kwargs, leaves)
+    def _prepare(self, args, kwargs) -> tuple[list, list, tuple[Program, Callable]]:
+        """(the leaves the program takes, the trees linearized into them, (program, run)).
+        Trees of node objects are passed as index tables (frontend.nodes), so that one program
+        serves every tree of their size; a field the program assigns adds tables for it."""
+        for _ in range(_MAX_ASSIGNED_FIELDS):
+            linked_args, linked_kwargs, trees = self._linearize(args, kwargs)
+            flat = pytree.flatten((linked_args, linked_kwargs))
+            try:
+                return flat[0], trees, self._entry(linked_args, linked_kwargs, flat)
+            except NeedsAssignedTable as e:
+                self._assigned.setdefault(e.cls, {})[e.name] = e.type
+            except UnsupportedError:   # tables the program cannot use as it uses the objects (a string field, or
+                if not trees:          # a number it needs as a Python value): compiled per tree, as before
+                    raise
+                self._kept_as_objects.update(type(tree.nodes[0]) for tree in trees)
+        raise CompiledCallError(f"the program assigns more than {_MAX_ASSIGNED_FIELDS} fields of node objects")
+
+    def _linearize(self, args, kwargs) -> tuple[tuple, dict, list]:
+        trees = []
+
+        def tables(x):
+            if not is_node_object(x) or type(x) in self._kept_as_objects:
+                return x
+            trees.append(linearize(x, self._assigned.get(type(x), {})))
+            return trees[-1].ref
+        linked_args, linked_kwargs = pytree.tree_map(tables, (args, kwargs))
+        return linked_args, linked_kwargs, trees
+
+    def _entry(self, args, kwargs, flat: tuple[list, pytree.Spec] | None = None) -> tuple[Program, Callable]:
+        key = self._key(args, kwargs, flat)
         entry = self.cache.get(key)
         if entry is not None and not self.frozen and not self._guards[key].holds():
             entry = None   # the model's parameters were replaced since: compile for the ones it holds now
@@ -161,8 +191,7 @@ class CompiledFunction:
                                "an input or parameter requires grad), so it runs eagerly. Call the compiled model "
                                "under torch.no_grad() or torch.inference_mode().")
         args, kwargs = self._bind(args, kwargs)
-        leaves, _ = pytree.flatten((args, kwargs))
-        program, run = self._entry(args, kwargs, leaves)
+        leaves, trees, (program, run) = self._prepare(args, kwargs)
         refresh_derived(program)
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         boundary = program.boundary
@@ -175,6 +204,10 @@ class CompiledFunction:
         if not getattr(run, "fresh_outputs", False):
             results = _own_memory(results, boundary, tensors, program)
         boundary.write_back(results, tensors, program.constants)   # the program wrote into these, as eager would
+        if trees:   # and into the tables of these trees: onto their nodes
+            written = {id(tensors[n]) for n in boundary.inputs_written}
+            for tree in trees:
+                tree.write_back(written)
         outputs = iter(boundary.outputs_of(results, tensors, program.constants))
         out_spec, kinds = program.output_spec
         result = pytree.unflatten(out_spec, [next(outputs) if is_tensor else value for is_tensor, value in kinds])
@@ -237,6 +270,7 @@ class CompiledFunction:
 
 
 _warned: set[str] = set()
+_MAX_ASSIGNED_FIELDS = 16
 
 
 def _warn_once(message: str):

@@ -1,5 +1,7 @@
 """Flatten nested tuples, lists and dicts to a list of leaves and back. Named tuples (and
-torch's result tuples, `torch.return_types.max` ...) are containers too, rebuilt as their type."""
+torch's result tuples, `torch.return_types.max` ...) are containers too, rebuilt as their type,
+and so is a class that says how (`_pytree_flatten()` -> (children, aux), and a static
+`_pytree_unflatten(aux, children)`: a linearized tree's node, see frontend.nodes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,9 +10,9 @@ from typing import Any, Callable
 
 @dataclass(frozen=True)
 class Spec:
-    kind: str                 # "leaf", "tuple", "list", "dict", "named"
+    kind: str                 # "leaf", "tuple", "list", "dict", "named", "custom"
     children: tuple = ()      # child Specs
-    keys: tuple = ()          # dict keys, in order; for "named", (its type,)
+    keys: tuple = ()          # dict keys, in order; for "named", (its type,); for "custom", (type, aux)
 
     @property
     def num_leaves(self) -> int:
@@ -31,6 +33,9 @@ def flatten(tree: Any) -> tuple[list, Spec]:
         if type(node) is dict:
             keys = tuple(node)
             return Spec("dict", tuple(go(node[k]) for k in keys), keys)
+        if hasattr(type(node), "_pytree_flatten"):
+            children, aux = node._pytree_flatten()
+            return Spec("custom", tuple(go(c) for c in children), (type(node), aux))
         leaves.append(node)
         return LEAF
 
@@ -46,6 +51,8 @@ def unflatten(spec: Spec, leaves: list) -> Any:
         children = [go(c) for c in s.children]
         if s.kind == "dict":
             return dict(zip(s.keys, children))
+        if s.kind == "custom":
+            return s.keys[0]._pytree_unflatten(s.keys[1], children)
         if s.kind == "named":
             kind = s.keys[0]
             return kind(children) if kind.__module__ == "torch.return_types" else kind(*children)

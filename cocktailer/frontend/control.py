@@ -58,27 +58,43 @@ def _truth(t: Tracer, x) -> Proxy:
     return t.fresh(condition_value(t, x))
 
 
+def test_of(x):
+    """What `if x:` tests: an object may answer with a tensor (a linearized tree's node: whether
+    it is there; a node list: whether it is empty; see frontend.nodes)."""
+    truth = getattr(type(x), "__ct_truth__", None)
+    return truth(x) if truth is not None else x
+
+
+def is_none(x):
+    """`x is None`, where an object may answer with a tensor (a linearized tree's missing child)."""
+    answer = getattr(type(x), "__ct_is_none__", None)
+    return answer(x) if answer is not None else x is None
+
+
 def and_(a, b_thunk: Callable):
+    a = test_of(a)
     if not is_proxy(a):
         return b_thunk() if a else a
     t = context.tracer()
-    b = b_thunk()
+    b = test_of(b_thunk())
     if not is_proxy(b):
         return _truth(t, a) if b else False
     return t.fresh(t.emit1(Op.AND, [condition_value(t, a), condition_value(t, b)]))
 
 
 def or_(a, b_thunk: Callable):
-    if not is_proxy(a):
-        return a if a else b_thunk()
+    if not is_proxy(test_of(a)):
+        return a if test_of(a) else b_thunk()
+    a = test_of(a)
     t = context.tracer()
-    b = b_thunk()
+    b = test_of(b_thunk())
     if not is_proxy(b):
         return True if b else _truth(t, a)
     return t.fresh(t.emit1(Op.OR, [condition_value(t, a), condition_value(t, b)]))
 
 
 def not_(a):
+    a = test_of(a)
     if not is_proxy(a):
         return not a
     t = context.tracer()
@@ -86,6 +102,7 @@ def not_(a):
 
 
 def ifexp(test, then_thunk: Callable, else_thunk: Callable):
+    test = test_of(test)
     if not is_proxy(test):
         return then_thunk() if test else else_thunk()
     (out,) = if_stmt(test, lambda _: (then_thunk(),), lambda _: (else_thunk(),), (None,), ("<x if c else y>",), None)
@@ -212,6 +229,7 @@ def if_stmt(test, then_fn: Callable, else_fn: Callable, state: tuple, names: Seq
             returned=False):
     """`returned`: the else path is where the function has already returned (the guard of
     what follows a `return`): variables are dead there, and may take another shape here."""
+    test = test_of(test)
     if not is_proxy(test):
         return then_fn(*state) if test else else_fn(*state)
     return _update_originals(state, _trace_if(test, then_fn, else_fn, state, names, loc, returned), names,
@@ -273,7 +291,7 @@ def range_(*args):
 def while_stmt(cond_fn: Callable, body_fn: Callable, state: tuple, names: Sequence[str], key, in_place=(),
                rebound=()):
     for _ in range(MAX_PYTHON_WHILE_ITERATIONS):
-        test = cond_fn(*state)
+        test = test_of(cond_fn(*state))
         if is_proxy(test):
             out = _trace_loop(lambda i, *s: body_fn(*s), cond_fn, state, names, key, None, rebound=rebound)
             return _update_originals(state, out, names, in_place)
@@ -288,6 +306,10 @@ def for_stmt(iterable, body_fn: Callable, cond_fn: Callable | None, state: tuple
              in_place=(), rebound=(), returned=False):
     eager = getattr(context.current(), "eager", False)   # running the program as plain Python
     t = None if eager else context.tracer()
+    if hasattr(type(iterable), "__ct_loop__"):   # a linearized tree's list of nodes: a loop over its rows
+        trip, element = iterable.__ct_loop__()
+        iterable, inner = range_(trip), body_fn
+        body_fn = lambda i, *s: inner(element(i), *s)
     if not eager and isinstance(iterable, (range, SymRange)) and key not in t.hints["unroll"]:
         trip, to_var = _range_trip(t, iterable)
         out = _trace_loop(lambda i, *s: body_fn(to_var(i), *s), cond_fn, state, names, key, trip,
@@ -301,7 +323,7 @@ def for_stmt(iterable, body_fn: Callable, cond_fn: Callable | None, state: tuple
         if cond_fn is None:
             state = body_fn(item, *state)
             continue
-        test = cond_fn(*state)
+        test = test_of(cond_fn(*state))
         if not is_proxy(test):
             if not test:
                 break
@@ -490,7 +512,7 @@ def _trace_cond(t: Tracer, cond_fn, loop: _LoopState, info: RegionInfo) -> Regio
     with t.in_region(region, info) as log:
         try:
             _, inner = _bind(t, region, loop)
-            test = cond_fn(*pytree.unflatten(loop.spec, inner))
+            test = test_of(cond_fn(*pytree.unflatten(loop.spec, inner)))
             region.yields = [condition_value(t, test) if is_proxy(test) else t.scalar(bool(test), torch.bool)]
             if any(s.origin == "param" for s in log) or t.outer_writes(log, region):
                 raise UnsupportedError("a loop condition that writes tensors in place", info.loc,

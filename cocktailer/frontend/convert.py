@@ -451,6 +451,19 @@ class _Expressions(ast.NodeTransformer):
             return ast.copy_location(_call(_ct("not_"), node.operand), node)
         return node
 
+    def visit_Compare(self, node: ast.Compare):
+        """`x is None` / `x is not None` ask the object (a linearized tree's node answers with a tensor)."""
+        self.generic_visit(node)
+        if len(node.ops) != 1 or not isinstance(node.ops[0], (ast.Is, ast.IsNot)):
+            return node
+        left, right = node.left, node.comparators[0]
+        if isinstance(left, ast.Constant) and left.value is None:
+            left, right = right, left
+        if not (isinstance(right, ast.Constant) and right.value is None):
+            return node
+        test = _call(_ct("is_none"), left)
+        return ast.copy_location(test if isinstance(node.ops[0], ast.Is) else _call(_ct("not_"), test), node)
+
     def visit_IfExp(self, node: ast.IfExp):
         self.generic_visit(node)
         no_args = _def("_", [], []).args

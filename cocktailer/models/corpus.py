@@ -1,7 +1,7 @@
 """Real-style programs, one per common program shape, written as their authors would: a
 greedy decoder, beam search, GPT-style generation with a key/value cache, a Mixture-of-Experts
-layer with top-k routing, an adaptive-step ODE integrator, an early-exit classifier and a
-gated ResNet. tests/test_corpus.py compares each with eager; `python -m bench.corpus` times
+layer with top-k routing, an adaptive-step ODE integrator, an early-exit classifier, a
+gated ResNet and a child-sum TreeLSTM over node objects. tests/test_corpus.py compares each with eager; `python -m bench.corpus` times
 them. `CORPUS` maps a name to (model class, example inputs by seed)."""
 from __future__ import annotations
 
@@ -178,6 +178,53 @@ class GatedResNet(nn.Module):
         return x.mean((2, 3))
 
 
+class Node:
+    """A parse-tree node as tree code writes it: its word vector and a list of children."""
+
+    def __init__(self, x: torch.Tensor, children=()):
+        self.x = x
+        self.children = list(children)
+
+
+class ChildSumTreeLSTM(nn.Module):
+    """Tai et al.'s child-sum TreeLSTM, recursing over `Node` objects and leaving each node's
+    state on it (`node.state`), as public implementations do."""
+
+    def __init__(self, d=HIDDEN, h=HIDDEN):
+        super().__init__()
+        self.iou = nn.Linear(d, 3 * h)
+        self.u_iou = nn.Linear(h, 3 * h, bias=False)
+        self.f = nn.Linear(d, h)
+        self.u_f = nn.Linear(h, h, bias=False)
+        self.h = h
+
+    def forward(self, node):
+        h_sum, fc = torch.zeros(self.h), torch.zeros(self.h)
+        for child in node.children:
+            child_h, child_c = self.forward(child)
+            h_sum = h_sum + child_h
+            fc = fc + torch.sigmoid(self.f(node.x) + self.u_f(child_h)) * child_c
+        i, o, u = torch.chunk(self.iou(node.x) + self.u_iou(h_sum), 3)
+        c = torch.sigmoid(i) * torch.tanh(u) + fc
+        h = torch.sigmoid(o) * torch.tanh(c)
+        node.state = torch.stack([h, c])
+        return h, c
+
+
+def random_tree(seed: int, nodes: int = 9, d: int = HIDDEN) -> Node:
+    """A tree of `nodes` nodes whose shape depends on the seed."""
+    g = torch.Generator().manual_seed(seed)
+
+    def grow(n: int) -> Node:
+        children, left = [], n - 1
+        while left:
+            k = int(torch.randint(1, left + 1, (), generator=g))
+            children.append(grow(k))
+            left -= k
+        return Node(torch.randn(d, generator=g), children)
+    return grow(nodes)
+
+
 def _randn(seed: int, *shape: int, scale: float = 1.0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
 
@@ -190,6 +237,7 @@ CORPUS = {
     "adaptive_ode": (AdaptiveODE, lambda s: (_randn(s, 2, 4), torch.tensor(0.5 + s))),
     "early_exit": (EarlyExit, lambda s: (_randn(s, 1, HIDDEN, scale=4),)),
     "gated_resnet": (GatedResNet, lambda s: (_randn(s, 1, 8, 6, 6),)),
+    "treelstm_objects": (ChildSumTreeLSTM, lambda s: (random_tree(s),)),
 }
 
 
