@@ -171,3 +171,28 @@ def test_a_number_field_the_program_needs_as_a_python_int_compiles_per_tree():
     for tree in [Tree(2, [Tree(1)]), Tree(3, [Tree(0)])]:
         torch.testing.assert_close(fast(randn(3, seed=0), tree), repeat(randn(3, seed=0), tree))
     assert len(fast.cache) == 2 and fast._kept_as_objects == {Tree}
+
+
+class AddsIntoChildState(nn.Module):
+    def forward(self, node):
+        if node.left is None:
+            node.state = node.x * 2.0
+            return node.state
+        a = self.forward(node.left)
+        b = self.forward(node.right)
+        a.add_(torch.tanh(node.x))          # in eager, this is the left child's `state` itself
+        node.state = torch.tanh(a - b)
+        return node.state
+
+
+@pytest.mark.parametrize("backend", backends_under_test())
+@pytest.mark.parametrize("run_before", [False, True])
+def test_writes_through_a_read_field_reach_the_node(backend, run_before):
+    """Found by fuzzing the linearizer: where nodes already held `state` (the tree ran
+    before), reading it gave a copy, and the parent's in-place write missed the child."""
+    trees = [binary_tree(s, 5) for s in range(3)]
+    if run_before:
+        with torch.no_grad():
+            for t in trees:
+                AddsIntoChildState()(t)
+    assert_trees_match(AddsIntoChildState(), trees, backend)

@@ -9,8 +9,10 @@ it in tables, one row per node:
 - a list of nodes (`children`): their rows, padded with -1 to N-1 (i64[N, N-1]), and their count;
 - tensors of one shape and dtype on every node (`x`): stacked (T[N, ...]);
 - Python numbers (`word`, `is_leaf`): a tensor of them;
-- fields the program assigns (`state`): a table of the value's shape and a bool[N] saying
-  which rows were assigned; read back as that row where assigned, the original field where not.
+- fields the program assigns (`state`): a table of the value's shape (the field's own table
+  where the nodes already hold tensors of that type) and a bool[N] saying which rows were
+  assigned. Reading the field is a view of its row, so an in-place write through what was
+  read (`a = child.state; a += 1`) reaches the node, as in eager.
 
 The program sees a `NodeRef` (the tables and a row index, a 0-d tensor) in place of each
 node, so capture turns `node.left` into a select from a table and the recursion into
@@ -83,8 +85,16 @@ class Schema:
             elif f.kind == "links":
                 names += [f.name, COUNT.format(f.name)]
         for name, _ in self.assigned:
-            names += [ASSIGNED.format(name), ASSIGNED_MASK.format(name)]
+            names += [ASSIGNED_MASK.format(name)] if self.values_table(name) == name else \
+                [ASSIGNED.format(name), ASSIGNED_MASK.format(name)]
         return names
+
+    def values_table(self, name: str) -> str:
+        """The table an assigned field's values are in: its own where the nodes hold tensors
+        of the assigned type already (their rows are the starting values), else a new one."""
+        f = self.field(name)
+        return name if f is not None and f.kind == "tensor" and f.type == self.assigned_type(name) \
+            else ASSIGNED.format(name)
 
 
 _SCHEMAS: dict[tuple, Schema] = {}
@@ -122,10 +132,10 @@ class NodeRef:
         assigned = schema.assigned_type(name)
         f = schema.field(name)
         if assigned is not None:
-            value = tables[ASSIGNED.format(name)][index]
-            if f is not None and f.kind in ("tensor", "number") and f.type == assigned:
-                value = torch.where(tables[ASSIGNED_MASK.format(name)][index], value, tables[name][index])
-            return value
+            if f is not None and schema.values_table(name) != name:
+                raise NotLinearizable(f"the program assigns `{name}` of a `{schema.cls.__name__}` node a {assigned}, "
+                                      "where the nodes hold something else there")
+            return tables[schema.values_table(name)][index]
         if f is None:
             member = getattr(schema.cls, name, None)
             if member is None:
@@ -151,7 +161,7 @@ class NodeRef:
         type_ = TensorType.of(value)
         if schema.assigned_type(name) != type_:
             raise NeedsAssignedTable(schema.cls, name, type_)
-        self._tables[ASSIGNED.format(name)][self._index] = value
+        self._tables[schema.values_table(name)][self._index] = value
         self._tables[ASSIGNED_MASK.format(name)][self._index] = True
 
     # -- `node is None`, `if node.left:` ----------------------------------------------------------
@@ -215,16 +225,18 @@ class Linked:
         """What the call did to the tables (`written`: the ids of those it wrote), done to the
         nodes, as eager would have."""
         schema, tables = self.ref._schema, self.ref._tables
-        for name, _ in schema.assigned:
-            rows, mask = tables[ASSIGNED.format(name)], tables[ASSIGNED_MASK.format(name)]
+        assigned = {name: tables[ASSIGNED_MASK.format(name)] for name, _ in schema.assigned}
+        for name, tensors in self.originals.items():   # in-place writes into `node.x`, where not reassigned
+            if id(tables[name]) in written:
+                mask = assigned.get(name)
+                for i, (original, row) in enumerate(zip(tensors, tables[name])):
+                    if (mask is None or not mask[i]) and not torch.equal(original, row):
+                        original.copy_(row)
+        for name, mask in assigned.items():   # `node.state = h`: the node holds its row now
             if id(mask) in written:
+                rows = tables[schema.values_table(name)]
                 for i in mask.nonzero().flatten().tolist():
                     setattr(self.nodes[i], name, rows[i])
-        for name, tensors in self.originals.items():   # in-place writes into `node.x`
-            if id(tables[name]) in written:
-                for original, row in zip(tensors, tables[name]):
-                    if not torch.equal(original, row):
-                        original.copy_(row)
 
 
 def is_node_object(x) -> bool:
@@ -269,7 +281,8 @@ def linearize(root, assigned: dict[str, TensorType]) -> Linked:
                 originals[name] = values
     found = schema_of(cls, len(nodes), tuple(fields), tuple(sorted(assigned.items(), key=lambda kv: kv[0])))
     for name, type_ in found.assigned:
-        tables[ASSIGNED.format(name)] = torch.zeros((len(nodes), *type_.shape), dtype=type_.dtype)
+        if found.values_table(name) != name:
+            tables[ASSIGNED.format(name)] = torch.zeros((len(nodes), *type_.shape), dtype=type_.dtype)
         tables[ASSIGNED_MASK.format(name)] = torch.zeros(len(nodes), dtype=torch.bool)
     index = torch.zeros((), dtype=torch.int64)
     return Linked(NodeRef(found, tables, index), nodes, originals)
