@@ -114,6 +114,7 @@ class Program:
             "left": lambda: left, "right": lambda: right, "is_leaf": lambda: leaf,
             "data": lambda: torch.randn(self.nodes, 3, generator=g, dtype=self.dtype),
             "root": lambda: torch.tensor(0),
+            "tree": lambda: _object_tree(self.nodes, rng, g, self.dtype),
         }
         return tuple(make[kind]() for _, kind in self.params)
 
@@ -133,6 +134,34 @@ def _tree(nodes: int, rng: random.Random):
         frontier += [next_id, next_id + 1]
         next_id += 2
     return torch.tensor(left), torch.tensor(right), torch.tensor(leaf)
+
+
+class FuzzNode:
+    """A node of a tree passed as Python objects (cocktailer linearizes such trees)."""
+
+    def __init__(self, x: torch.Tensor, left=None, right=None):
+        self.x, self.left, self.right = x, left, right
+
+    def literal(self):
+        """The tree as nested tuples (x, left, right), plus `state` where the program set it."""
+        kids = tuple(None if c is None else c.literal() for c in (self.left, self.right))
+        state = getattr(self, "state", None)
+        return (self.x.tolist(), *kids) + ((state.tolist(),) if state is not None else ())
+
+    @staticmethod
+    def build(literal, dtype):
+        x, left, right = literal[:3]
+        return FuzzNode(torch.tensor(x, dtype=dtype), *(None if c is None else FuzzNode.build(c, dtype)
+                                                         for c in (left, right)))
+
+
+def _object_tree(nodes: int, rng: random.Random, g: torch.Generator, dtype) -> FuzzNode:
+    left, right, _ = _tree(nodes, rng)
+    made = [FuzzNode(torch.randn(3, generator=g, dtype=dtype)) for _ in range(nodes)]
+    for i, node in enumerate(made):
+        if left[i] >= 0:
+            node.left, node.right = made[int(left[i])], made[int(right[i])]
+    return made[0]
 
 
 @dataclass
@@ -157,20 +186,23 @@ class Generator:
         dtype = torch.float64 if r.random() < 0.7 else torch.float32
         params = [("x", "x")] + [(p, p) for p in ("y", "z", "c", "n", "k", "m") if r.random() < 0.6]
         recursive = r.random() < 0.2
+        objects = recursive and r.random() < 0.4   # the tree as node objects, not index tensors
         self.nodes = r.choice([1, 3, 5, 7])
-        if recursive:
+        if objects:
+            params += [("tree", "tree")]
+        elif recursive:
             params += [("left", "left"), ("right", "right"), ("is_leaf", "is_leaf"), ("data", "data"),
                        ("root", "root")]
         self.module = not recursive and r.random() < 0.15
-        self.vars = {name: _input_var(kind, self.nodes) for name, kind in params}
+        self.vars = {name: _input_var(kind, self.nodes) for name, kind in params if kind != "tree"}
         if self.module:
             self.vars["self.buf"] = Var((4, 3))
         self.outputs = self._output_signature()
         self.base = "x"
-        helper = self._helper() if recursive else []
+        helper = self._object_helper() if objects else self._helper() if recursive else []
         body = []
         if recursive:
-            body.append(Stmt(f"r0 = rec(left, right, is_leaf, data, root)"))
+            body.append(Stmt("r0 = rec(tree)" if objects else "r0 = rec(left, right, is_leaf, data, root)"))
             self.vars["r0"] = Var((3,))
         body += self.block(r.randint(3, 9))
         body.append(self.ret())
@@ -373,6 +405,25 @@ class Generator:
         self.vars = saved
         self.in_helper, self.base = False, "x"
         return [Stmt(header="def rec(left, right, is_leaf, data, node):", body=body)]
+
+    def _object_helper(self) -> list[Stmt]:
+        """The same recursion over FuzzNode objects: `node.left is None` for a leaf, the node's
+        tensor written in place, its `state` assigned."""
+        saved, self.vars = self.vars, {"v": Var((3,))}
+        self.in_helper, self.base = True, "v"
+        r = self.rng
+        leaf = [Stmt("v += 1.0")] if r.random() < 0.4 else []
+        leaf += [Stmt(f"node.state = {r.choice(['v * 2.0', 'torch.tanh(v)'])}"), Stmt("return node.state")]
+        self.vars.update(a=Var((3,)), b=Var((3,)))
+        body = [Stmt("v = node.x"), Stmt(header="if node.left is None:", body=leaf),
+                Stmt("a = rec(node.left)"), Stmt("b = rec(node.right)")]
+        self.depth = 1
+        body += self.block(r.randint(1, 3))
+        self.depth = 0
+        body += [Stmt(f"node.state = torch.tanh({self.expr((3,))} + a - b)"), Stmt("return node.state")]
+        self.vars = saved
+        self.in_helper, self.base = False, "x"
+        return [Stmt(header="def rec(node):", body=body)]
 
     # -- expressions ----------------------------------------------------------------------------------
     def pick(self, shape, kind="float") -> str:

@@ -19,7 +19,7 @@ import torch
 
 import cocktailer
 from cocktailer import settings
-from fuzz.gen import Program
+from fuzz.gen import FuzzNode, Program
 
 settings.verify = True   # an invalid IR is a failure even where a backend happens to run it
 
@@ -158,6 +158,11 @@ def difference(actual, expected, tol, path) -> str | None:
     if isinstance(expected, dict):
         return next((d for key in expected for d in [difference(actual.get(key), expected[key], tol, f"{path}.{key}")]
                      if d), None)
+    if isinstance(expected, FuzzNode):   # a tree passed as objects: its tensors and what was assigned on it
+        if not isinstance(actual, FuzzNode) or vars(actual).keys() != vars(expected).keys():
+            return f"{path}: fields {sorted(vars(actual))} where eager has {sorted(vars(expected))}"
+        return next((d for key in sorted(vars(expected))
+                     for d in [difference(getattr(actual, key), getattr(expected, key), tol, f"{path}.{key}")] if d), None)
     if isinstance(expected, float) and isinstance(actual, (int, float)):
         return None if abs(actual - expected) <= tol * max(1.0, abs(expected)) else f"{path}: {actual} != {expected}"
     return None if actual == expected else f"{path}: {actual!r} != {expected!r}"
@@ -192,6 +197,8 @@ def _clone(value):
         return value.clone()
     if isinstance(value, tuple):
         return tuple(_clone(v) for v in value)
+    if isinstance(value, FuzzNode):
+        return copy.deepcopy(value)
     return value
 
 

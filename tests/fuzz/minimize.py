@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fuzz.gen import Program, Stmt
+from fuzz.gen import FuzzNode, Program, Stmt
 from fuzz.harness import CONFIGS, INPUT_SETS, Outcome, check
 
 
@@ -159,8 +159,25 @@ def _model():
 {_model_source(program)}
 
 
+class FuzzNode:
+    def __init__(self, x, left=None, right=None):
+        self.x, self.left, self.right = x, left, right
+
+
+def _tree(literal):
+    x, left, right = literal[:3]
+    return FuzzNode(torch.tensor(x, dtype=DTYPE), *(None if c is None else _tree(c) for c in (left, right)))
+
+
 def _inputs(k):
-    return tuple(torch.tensor(v, dtype=getattr(torch, t)) for v, t in INPUT_SETS[k])
+    return tuple(_tree(v) if t == "tree" else torch.tensor(v, dtype=getattr(torch, t)) for v, t in INPUT_SETS[k])
+
+
+def _comparable(args):
+    """Trees as nested tuples of their tensors (and what the program assigned on them)."""
+    if isinstance(args, FuzzNode):
+        return tuple(_comparable(v) for _, v in sorted(vars(args).items()))
+    return tuple(_comparable(a) for a in args) if isinstance(args, tuple) else args
 
 
 def test_reproducer():
@@ -172,7 +189,8 @@ def test_reproducer():
             expected, actual = eager(*eager_args), fast(*compiled_args)
         tol = 1e-9 if DTYPE == torch.float64 else 1e-4
         torch.testing.assert_close(actual, expected, rtol=tol, atol=tol, equal_nan=True)
-        torch.testing.assert_close(compiled_args, eager_args, rtol=tol, atol=tol, equal_nan=True)
+        torch.testing.assert_close(_comparable(compiled_args), _comparable(eager_args), rtol=tol, atol=tol,
+                                   equal_nan=True)
 
 
 if __name__ == "__main__":
@@ -182,7 +200,9 @@ if __name__ == "__main__":
     return path
 
 
-def _literal(x: torch.Tensor) -> tuple:
+def _literal(x) -> tuple:
+    if isinstance(x, FuzzNode):
+        return (x.literal(), "tree")
     return (x.tolist(), str(x.dtype).removeprefix("torch."))
 
 
