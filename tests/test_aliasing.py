@@ -528,3 +528,17 @@ def test_the_first_call_does_not_run_the_program_on_the_callers_tensors_first():
                                    eager(x_eager, left, right, torch.tensor(0)))
     torch.testing.assert_close(x_compiled, x_eager)
     torch.testing.assert_close(compiled.calls, eager.calls)
+
+
+def test_variables_rotating_through_each_others_memory_in_a_loop():
+    """After the loop each variable may be any of the inputs: a write through one must reach
+    the input it is, whatever the trip count, without following every path of links (there
+    are thousands; a write costs rounds of the longest path, not their number)."""
+    def rotate(x, y, z, w, v, u, n):
+        a, b, c, d, e, h = x, y, z, w, v, u
+        for _ in range(n):
+            a, b, c, d, e, h = b, c, d, e, h, a
+        a.add_(1.0)
+        b.mul_(2.0)
+        return a + b + c
+    assert_matches_eager(rotate, [(*(randn(3, seed=s * 6 + k) for k in range(6)), torch.tensor(s)) for s in range(4)])

@@ -115,7 +115,7 @@ def is_proxy(x) -> bool:
     return isinstance(x, Proxy)
 
 
-_MAX_ALIAS_PATHS = 512   # paths of links one in-place write is followed along
+_MAX_ALIAS_UPDATES = 4096   # storages one in-place write updates, counted once per round that reaches them
 
 
 class Tracer:
@@ -415,27 +415,33 @@ class Tracer:
 
     def _propagate(self, origin: Storage):
         """Every storage that may share memory with the written one takes its new contents,
-        under the condition that it does share it: the flags along a path of links from the
-        written storage all hold. Paths are followed each with its own condition (and never
-        through a storage twice), so a storage a false link "updated" with its old contents
-        does not pass them back to one that really changed (x may be y, y may be z: a write
-        into x reaches z through y only where both links hold)."""
-        paths, expanded = [(origin, True, frozenset([origin]))], 0
-        while paths:
-            storage, holds, seen = paths.pop(0)
-            expanded += 1
-            if expanded > _MAX_ALIAS_PATHS:
-                raise UnsupportedError("an in-place write into a tensor that may share memory with too many others "
-                                       "(variables rebound to each other's views in loops and branches)",
-                                       hint="write into a `.clone()`, or keep the variables' aliasing the same on every path")
-            for other, flag, derive in self._linked(storage):
-                if other in seen:
-                    continue
-                cond = self._both(holds, flag)
-                if cond is False:
-                    continue
-                self._set(other, self.select(cond, derive, lambda other=other: self.storage_value(other)))
-                paths.append((other, cond, seen | {other}))
+        under the condition that it does share it: the flags along some path of links from
+        the written storage all hold. Round r follows the paths of r links, each storage
+        reached in round r-1 passing on only the condition it was reached under then: a
+        storage a false link "updated" with its old contents passes nothing on, so it cannot
+        hand them back over one that really changed (x may be y, y may be z: the write into
+        x reaches z through y only where both links hold). A path longer than the number of
+        storages repeats one, so that many rounds suffice."""
+        frontier, seen, unconditional, updates, rounds = {origin: True}, {origin}, {origin}, 0, 0
+        while frontier and rounds < len(seen):
+            rounds += 1
+            reached: dict[Storage, Value | bool] = {}
+            for storage, holds in frontier.items():
+                for other, flag, derive in self._linked(storage):
+                    cond = self._both(holds, flag)
+                    if other in unconditional or cond is False:
+                        continue
+                    updates += 1
+                    if updates > _MAX_ALIAS_UPDATES:
+                        raise UnsupportedError(
+                            "an in-place write into a tensor that may share memory with too many others "
+                            "(variables rebound to each other's views in loops and branches)",
+                            hint="write into a `.clone()`, or keep the variables' aliasing the same on every path")
+                    self._set(other, self.select(cond, derive, lambda other=other: self.storage_value(other)))
+                    reached[other] = cond if other not in reached else self._either(reached[other], cond)
+                    seen.add(other)
+            unconditional.update(s for s, cond in reached.items() if cond is True)
+            frontier = reached
 
     def _both(self, a: Value | bool, b: Value) -> Value | bool:
         """a AND b, folding the constant flags a merge gives where a path is known."""
@@ -443,6 +449,11 @@ class Tracer:
         if a is True or b is False:
             return b
         return a if b is True else self.emit1(Op.AND, [a, b])
+
+    def _either(self, a: Value | bool, b: Value | bool) -> Value | bool:
+        if a is True or b is True:
+            return True
+        return self.emit1(Op.OR, [a, b])
 
     def _linked(self, storage: Storage) -> Iterator[tuple[Storage, Value, Callable[[], Value]]]:
         """(storage, link flag, its contents after `storage` changed, where the flag holds)
