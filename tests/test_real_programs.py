@@ -209,3 +209,17 @@ class _GrowingGeneration(nn.Module):
 def test_a_sequence_that_grows_in_a_python_int_loop():
     torch.manual_seed(0)
     assert_matches_eager(_GrowingGeneration(), [(torch.tensor([1, 2]),), (torch.tensor([7, 3]),)])
+
+
+def test_boolean_mask_assignment_has_no_data_dependent_shape():
+    """`t[mask] = v` (pattern 6): the shape stays; only the masked elements change, inside a
+    tensor loop too, with a scalar or a broadcast value."""
+    def clip_and_mark(x, done, n):
+        x[x < 0] = 0.0
+        for _ in range(n):
+            x = x * 1.5 - 0.25
+            x[done] = torch.tensor(-1.0)
+            done = done | (x > 1.0)
+        return x, done
+    sets = [(randn(4, 3, seed=s), randn(4, 3, seed=s + 9) > 0.8, torch.tensor(s + 1)) for s in range(3)]
+    assert_matches_eager(clip_and_mark, sets)
