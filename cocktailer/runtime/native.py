@@ -63,9 +63,7 @@ class Workers:
     or half the workers has been faster lately (the median of its last three contended calls),
     and the other is tried again now and then, after a wait that doubles each time it loses
     and is at least PROBE_COST times what it took (so trying costs a few percent). A call on
-    all workers that no preemption disturbed, and no slower than fewer workers have been
-    lately, ends the contention (on a machine that stays busy, a lucky undisturbed call
-    otherwise sent every call back to all workers until the next preemption)."""
+    all workers that no preemption disturbed ends the contention."""
 
     FIRST_WAIT, MAX_WAIT = 0.05, 30.0   # seconds before the slower count is tried again
     PROBE_COST = 20
@@ -92,9 +90,8 @@ class Workers:
     def report(self, used: int, preempted: int, seconds: float):
         if not self.adaptive:
             return
-        if used == self.most and not preempted and (self.fewer not in self.recent or
-                                                    seconds <= statistics.median(self.recent[self.fewer])):
-            self.contended = False   # (an undisturbed call that fewer workers beat lately ends nothing)
+        if used == self.most and not preempted:
+            self.contended = False
             return
         self.contended = True
         best_before = self._best() if self.recent else used
