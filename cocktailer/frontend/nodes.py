@@ -137,8 +137,8 @@ class NodeRef:
                                       "where the nodes hold something else there")
             return tables[schema.values_table(name)][index]
         if f is None:
-            member = getattr(schema.cls, name, None)
-            if member is None:
+            member = getattr(schema.cls, name, _MISSING)   # a method, a property, a class attribute
+            if member is _MISSING:
                 raise AttributeError(f"'{schema.cls.__name__}' object has no attribute '{name}'")
             return member.__get__(self, schema.cls) if hasattr(member, "__get__") else member
         if f.kind == "none":
