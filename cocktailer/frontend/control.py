@@ -83,9 +83,10 @@ def and_(a, b_thunk: Callable):
 
 
 def or_(a, b_thunk: Callable):
-    if not is_proxy(test_of(a)):
-        return a if test_of(a) else b_thunk()
-    a = test_of(a)
+    test = test_of(a)
+    if not is_proxy(test):
+        return a if test else b_thunk()   # Python's `or` gives back the object itself
+    a = test
     t = context.tracer()
     b = test_of(b_thunk())
     if not is_proxy(b):
