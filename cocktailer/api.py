@@ -141,11 +141,11 @@ class CompiledFunction:
         """(the leaves the program takes, the trees linearized into them, (program, run)).
         Trees of node objects are passed as index tables (frontend.nodes), so that one program
         serves every tree of their size; a field the program assigns adds tables for it."""
+        flat = pytree.flatten((args, kwargs))
         for _ in range(_MAX_ASSIGNED_FIELDS):
-            linked_args, linked_kwargs, trees = self._linearize(args, kwargs)
-            flat = pytree.flatten((linked_args, linked_kwargs))
+            linked_args, linked_kwargs, linked, trees = self._linearize(args, kwargs, flat)
             try:
-                return flat[0], trees, self._entry(linked_args, linked_kwargs, flat)
+                return linked[0], trees, self._entry(linked_args, linked_kwargs, linked)
             except NeedsAssignedTable as e:
                 self._assigned.setdefault(e.cls, {})[e.name] = e.type
             except UnsupportedError:   # tables the program cannot use as it uses the objects (a string field, or
@@ -154,7 +154,12 @@ class CompiledFunction:
                 self._kept_as_objects.update(type(tree.nodes[0]) for tree in trees)
         raise CompiledCallError(f"the program assigns more than {_MAX_ASSIGNED_FIELDS} fields of node objects")
 
-    def _linearize(self, args, kwargs) -> tuple[tuple, dict, list]:
+    def _linearize(self, args, kwargs, flat: tuple[list, pytree.Spec]) -> tuple[tuple, dict, tuple, list]:
+        """The arguments with each tree of node objects replaced by its tables, flattened too;
+        the arguments as they are (flattened once, by the caller) where there is none."""
+        leaves, spec = flat
+        if not any(is_node_object(x) and type(x) not in self._kept_as_objects for x in leaves):
+            return args, kwargs, flat, []
         trees = []
 
         def tables(x):
@@ -162,8 +167,8 @@ class CompiledFunction:
                 return x
             trees.append(linearize(x, self._assigned.get(type(x), {})))
             return trees[-1].ref
-        linked_args, linked_kwargs = pytree.tree_map(tables, (args, kwargs))
-        return linked_args, linked_kwargs, trees
+        linked_args, linked_kwargs = pytree.unflatten(spec, [tables(x) for x in leaves])
+        return linked_args, linked_kwargs, pytree.flatten((linked_args, linked_kwargs)), trees
 
     def _entry(self, args, kwargs, flat: tuple[list, pytree.Spec] | None = None) -> tuple[Program, Callable]:
         key = self._key(args, kwargs, flat)
