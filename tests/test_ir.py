@@ -210,3 +210,13 @@ def test_type_inference_shortcuts_agree_with_torch_meta_kernels():
     assert {op for op, _, _ in cases} >= set(_SHORTCUTS) - CREATION
     for case in cases:
         same(*case)
+
+
+def test_remembered_types_tell_equal_attributes_of_other_types_apart():
+    """Type inference remembers what it inferred, by value: 1, 1.0 and True are equal keys in
+    Python but give a full tensor three dtypes, and a list attribute is not remembered at all."""
+    from cocktailer.ir.infer import infer_type
+    fulls = [infer_type(Op.FULL, [], {"shape": (2,), "value": v, "dtype": None}) for v in (1, 1.0, True, 1)]
+    assert [t.dtype for t in fulls] == [torch.int64, torch.float32, torch.bool, torch.int64]
+    shaped = [infer_type(Op.FULL, [], {"shape": s, "value": 0.0, "dtype": None}) for s in ((2, 3), [2, 3], (3, 2))]
+    assert [t.shape for t in shaped] == [(2, 3), (2, 3), (3, 2)]

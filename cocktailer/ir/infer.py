@@ -17,7 +17,49 @@ from cocktailer.ir.types import TensorType
 
 def infer_type(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     """The result type of a data op (not CONST or control flow). Raises whatever torch
-    raises for invalid operands (mismatched shapes, bad dims, ...)."""
+    raises for invalid operands (mismatched shapes, bad dims, ...). Remembered: a model
+    repeats the same ops on the same types (skipnet: 2,400 ops, ~130 different)."""
+    key = _memo_key(op, operand_types, attrs)
+    known = _INFERRED.get(key) if key is not None else None
+    if known is None:
+        known = _infer(op, operand_types, attrs)
+        if key is not None:
+            if len(_INFERRED) >= _MEMO_SIZE:
+                _INFERRED.clear()
+            _INFERRED[key] = known
+    return known
+
+
+_INFERRED: dict[tuple, TensorType] = {}
+_MEMO_SIZE = 8192
+
+
+def _memo_key(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any]) -> tuple | None:
+    """A key by value. None where an attribute is not a plain value (an object equal by
+    identity, whose id a later object may reuse): not remembered."""
+    try:
+        return op, tuple(operand_types), tuple((k, _frozen(v)) for k, v in attrs.items())
+    except _NotPlain:
+        return None
+
+
+class _NotPlain(Exception):
+    pass
+
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format)
+
+
+def _frozen(v):
+    """v with its type at every level: 1, 1.0 and True are equal but may give other dtypes."""
+    if isinstance(v, _PLAIN):
+        return type(v), v
+    if type(v) in (tuple, list):
+        return type(v), tuple(_frozen(x) for x in v)
+    raise _NotPlain
+
+
+def _infer(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     shortcut = _SHORTCUTS.get(op) if all(0 not in t.shape for t in operand_types) else None
     if shortcut is not None:
         try:

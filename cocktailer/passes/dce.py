@@ -118,6 +118,8 @@ def _needed(region: Region, roots: set[int]) -> set[int]:
 def _drop_unread_call_results(program: Program) -> bool:
     """A function's results that no call site needs (beyond computing that same result in a
     recursive call) are dropped from the function and from every call."""
+    if len(program.functions) == 1:   # only the entry, whose results are all needed
+        return False
     live = {name: (set(range(len(fn.body.yields))) if name == program.entry else set())
             for name, fn in program.functions.items()}
     changed = True
