@@ -196,3 +196,34 @@ def test_writes_through_a_read_field_reach_the_node(backend, run_before):
             for t in trees:
                 AddsIntoChildState()(t)
     assert_trees_match(AddsIntoChildState(), trees, backend)
+
+
+class StatesByLabel(nn.Module):
+    """Assigns a field on every node, and decides on a string field (so it compiles per tree)."""
+
+    def forward(self, node):
+        out = node.x if node.label == "keep" else -node.x
+        for child in (node.left, node.right):
+            if child is not None:
+                out = out + self.forward(child)
+        node.state = torch.tanh(out)
+        return node.state
+
+
+@pytest.mark.parametrize("backend", backends_under_test())
+def test_a_tree_compiled_per_object_gets_the_fields_the_program_assigns_on_every_node(backend):
+    """Capture assigns on the user's nodes while it traces: every one of them is restored
+    (they held capture's placeholders before), and the call assigns what eager would."""
+    def labelled(seed):
+        tree = binary_tree(seed, 3)
+        for k, node in enumerate(walk(tree)):
+            node.label = "keep" if k % 2 else "flip"
+        return tree
+    fast = cocktailer.compile(StatesByLabel(), backend=backend)
+    for seed in range(2):
+        mine, eager = labelled(seed), labelled(seed)
+        with torch.no_grad():
+            torch.testing.assert_close(fast(mine), StatesByLabel()(eager), rtol=1e-4, atol=1e-5)
+        for m, e in zip(walk(mine), walk(eager)):
+            assert type(m.state) is torch.Tensor
+            torch.testing.assert_close(m.state, e.state, rtol=1e-4, atol=1e-5)

@@ -22,13 +22,19 @@ _MISSING = object()
 
 @dataclass(frozen=True)
 class Target:
-    """Where a call assigns: ("module", dotted submodule path) or ("argument", leaf index)."""
+    """Where a call assigns: ("module", dotted submodule path) or ("argument", (leaf index,
+    then the attributes or items that lead from that argument to the object: a tree's node))."""
     root: str
     path: object
     name: str
 
     def owner(self, module, leaves: list):
-        return module.get_submodule(self.path) if self.root == "module" else leaves[self.path]
+        if self.root == "module":
+            return module.get_submodule(self.path)
+        obj = leaves[self.path[0]]
+        for step in self.path[1:]:
+            obj = obj[step] if isinstance(step, int) else getattr(obj, step)
+        return obj
 
 
 class Snapshot:
@@ -39,7 +45,7 @@ class Snapshot:
         self.owners: list[tuple[str, object, object]] = []   # (root, path, object)
         if isinstance(fn, torch.nn.Module):
             self.owners += [("module", path, m) for path, m in fn.named_modules(remove_duplicate=False)]
-        self.owners += [("argument", k, x) for k, x in enumerate(leaves) if _has_attributes(x)]
+        self.owners += [("argument", path, x) for path, x in _reachable(leaves)]
         self.before = [dict(_plain(obj)) for _, _, obj in self.owners]
 
     def restore(self):
@@ -87,6 +93,27 @@ def _unchanged(before, now) -> bool:
         return type(before) is type(now) and bool(before == now)
     except Exception:   # a comparison that is not a plain bool
         return False
+
+
+def _reachable(leaves: list) -> list[tuple[tuple, object]]:
+    """(path, object) for the Python objects among the arguments and every object reachable
+    from them through attributes, lists and tuples (a tree's nodes), each once, by the first
+    path found: the program may assign on any of them (`node.left.state = h`)."""
+    seen: set[int] = set()
+    out = []
+    pending = [((k,), x) for k, x in enumerate(leaves)]
+    while pending:
+        path, x = pending.pop(0)
+        if isinstance(x, (list, tuple)):
+            pending += [(path + (i,), v) for i, v in enumerate(x)]
+            continue
+        if not _has_attributes(x) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        out.append((path, x))
+        if not isinstance(x, torch.nn.Module):
+            pending += [(path + (name,), v) for name, v in vars(x).items()]
+    return out
 
 
 def _has_attributes(x) -> bool:
