@@ -17,7 +17,8 @@ from cocktailer.errors import CocktailerError, CompiledCallError, InternalError,
 from cocktailer.frontend import capture as _frontend_capture
 from cocktailer.frontend.attributes import assign as assign_attributes
 from cocktailer.frontend.nodes import NeedsAssignedTable, is_node_object, linearize
-from cocktailer.ir import Program
+from cocktailer.dynamic import DynamicDims, erase
+from cocktailer.ir import Program, SymbolicSizeError
 from cocktailer.passes import CAPTURE_PIPELINE, run_pipeline
 from cocktailer.passes.fold_constants import refresh_derived
 from cocktailer.backend import BackendUnavailable, Config, backend as native_backend, build
@@ -35,11 +36,13 @@ AUTO_ORDER = ["cpu", "reference"]   # "auto" takes the first that can run the pr
 NATIVE = {"cpu", "host"}
 
 
-def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwargs: dict | None = None) -> Program:
+def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwargs: dict | None = None,
+            dynamic: frozenset = frozenset()) -> Program:
     """The IR Program of `model_or_function(*example_inputs)`: data flow and control flow.
-    `str(program)` is its text form."""
+    `str(program)` is its text form. `dynamic`: dims of the tensor arguments, (leaf index of
+    the flattened arguments, dim), to capture as symbolic sizes where the program allows."""
     with _collector_paused():
-        program = _frontend_capture(model_or_function, _as_tuple(example_inputs), example_kwargs)
+        program = _frontend_capture(model_or_function, _as_tuple(example_inputs), example_kwargs, dynamic)
         try:
             return run_pipeline(program, CAPTURE_PIPELINE)
         except Exception as e:   # a pass failed, or left an invalid program: a bug of ours
@@ -72,17 +75,23 @@ def compile_traced(model_or_function: Callable, example_inputs: tuple, *, backen
     program = capture(model_or_function, args, kwargs)
     tensors = _tensors(args, kwargs)
     program = run_pipeline(traced_graph(program, tensors), CAPTURE_PIPELINE)
+    compiled.dims = DynamicDims(False)
     compiled.cache[compiled._key(args, kwargs)] = (program, compiled._build(program, [tensors]))
     compiled.frozen = True
     return compiled
 
 
 def compile(model_or_function: Callable, example_inputs: tuple | None = None, *, backend: str = "auto",
-            example_kwargs: dict | None = None, options: dict | None = None) -> "CompiledFunction":
+            example_kwargs: dict | None = None, options: dict | None = None,
+            dynamic: bool | None = None) -> "CompiledFunction":
     """A callable with the signature of `model_or_function` that runs its compiled program.
 
-    It specializes on the shapes, dtypes and device of the tensor arguments and on the
-    values of the other arguments, and compiles again (cached) when they change. With
+    It specializes on the dtypes and device of the tensor arguments and on the values of the
+    other arguments, and compiles again (cached) when they change. Sizes: a dim whose size
+    differs from the first call's becomes a symbolic size (one program for all its sizes,
+    where the program allows it: see cocktailer.dynamic); `dynamic=True` takes every dim so
+    from the first call on, `dynamic=False` compiles every shape apart, and
+    `cocktailer.mark_dynamic(tensor, dim)` names single dims. With
     `example_inputs`, the first specialization is compiled now, so errors show here.
     Inference only: when autograd would record the call (grad mode on and an input or
     parameter requires grad), it runs the original model eagerly instead, with one warning.
@@ -107,7 +116,7 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     """
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(['auto', *BACKENDS])}")
-    compiled = CompiledFunction(model_or_function, backend, options or {})
+    compiled = CompiledFunction(model_or_function, backend, options or {}, dynamic)
     if example_inputs is not None:
         compiled.specialize(*_as_tuple(example_inputs), **(example_kwargs or {}))
     return compiled
@@ -126,8 +135,10 @@ class AliasedInputsWarning(UserWarning):
 
 
 class CompiledFunction:
-    def __init__(self, fn: Callable, backend: str, options: dict | None = None):
+    def __init__(self, fn: Callable, backend: str, options: dict | None = None, dynamic: bool | None = None):
         self.fn = fn
+        self.dims = DynamicDims(dynamic)   # which dims each call takes as symbolic sizes
+        self._seen_shapes: dict[tuple, tuple] = {}   # a call's key with every size -> (its program's key, entry, guard)
         self.backend = backend
         self.options = options or {}
         self.config = Config.from_options(self.options, backend)   # checked here, once
@@ -141,9 +152,18 @@ class CompiledFunction:
         self._assigned: dict[type, dict] = {}    # node class -> fields the program assigns (frontend.nodes)
         self._kept_as_objects: set[type] = set()   # node classes whose trees the program reads as objects
 
-    def _key(self, args, kwargs, flat: tuple[list, pytree.Spec] | None = None) -> tuple:
+    def _key(self, args, kwargs, flat: tuple[list, pytree.Spec] | None = None, dims: frozenset = frozenset()) -> tuple:
+        """The cache key: the arguments' structure, their tensors' layouts (the sizes of `dims`
+        left out) and dtypes, and their Python values."""
         leaves, spec = flat if flat is not None else pytree.flatten((args, kwargs))
-        return spec, tuple(_leaf_key(x) for x in leaves)
+        return spec, tuple(_leaf_key(x, k, dims) for k, x in enumerate(leaves))
+
+    @staticmethod
+    def _signature(key: tuple) -> tuple:
+        """A key without any size: what calls that may share one dynamic program have in common."""
+        spec, leaves = key
+        return spec, tuple((kind, len(rest[0]), *rest[1:3]) if kind == "tensor" else (kind, *rest)
+                           for kind, *rest in leaves)
 
     def _bind(self, args, kwargs) -> tuple[tuple, dict]:
         bound = self.signature.bind(*args, **kwargs)
@@ -189,24 +209,54 @@ class CompiledFunction:
         return linked_args, linked_kwargs, pytree.flatten((linked_args, linked_kwargs)), trees
 
     def _entry(self, args, kwargs, flat: tuple[list, pytree.Spec] | None = None) -> tuple[Program, Callable]:
-        key = self._key(args, kwargs, flat)
+        flat = flat if flat is not None else pytree.flatten((args, kwargs))
+        static = self._key(args, kwargs, flat)
+        seen = self._seen_shapes.get(static)   # shapes called before: no new sizes to learn from them
+        if seen is not None and (self.frozen or seen[2].holds()):
+            return seen[1]
+        key = seen[0] if seen is not None else _erase_key(static, self._dims_of(static, flat[0]))
         entry = self.cache.get(key)
         if entry is not None and not self.frozen and not self._guards[key].holds():
             entry = None   # the model's parameters were replaced since: compile for the ones it holds now
         if entry is None:
             if self.frozen:
                 raise CompiledCallError("a traced graph only runs on inputs shaped like the ones it was traced with")
-            with _collector_paused():
-                program = capture(self.fn, args, kwargs)
-                try:
-                    executable = self._build(program, self._samples(args, kwargs, key))
-                except (CocktailerError, ValueError):
-                    raise
-                except Exception as e:   # the backend failed on a captured program: a bug of ours
-                    raise InternalError(e, program.main.loc) from e
+            program, executable, dims = self._compile(args, kwargs, flat, self._dims_of(static, flat[0]),
+                                                      self._signature(static))
+            key = _erase_key(static, dims)
             entry = self.cache[key] = (program, executable)
             self._guards[key] = _ConstantGuard(self.fn, program)
+        if len(self._seen_shapes) >= _MAX_SEEN_SHAPES:
+            self._seen_shapes.clear()
+        self._seen_shapes[static] = (key, entry, self._guards.get(key))   # a symbolic program stays right for them
         return entry
+
+    def _dims_of(self, static: tuple, leaves: list) -> frozenset:
+        """The dims this call takes as symbolic sizes (asking again for the same call gives the same)."""
+        return self.dims.choose(leaves, self._signature(static))
+
+    def _compile(self, args, kwargs, flat, dims: frozenset, signature) -> tuple[Program, Callable, frozenset]:
+        """(program, executable, the dims it takes as symbolic sizes): those of `dims` that
+        capture and the backend could keep symbolic; the others are specialized from now on."""
+        with _collector_paused():
+            program = capture(self.fn, args, kwargs, dims)
+            kept = _symbolic_dims(program, flat[0])
+            self.dims.specialize(signature, dims - kept)
+            samples = self._samples(args, kwargs, self._key(args, kwargs, flat, kept), kept)
+            try:
+                return program, self._build(program, samples), kept
+            except SymbolicSizeError:   # the backend needs them as numbers: a program for these sizes
+                self.dims.specialize(signature, kept)
+                program = capture(self.fn, args, kwargs)
+                return program, self._build(program, samples), frozenset()
+
+    def _build(self, program: Program, samples: list[list[torch.Tensor]]) -> Callable:
+        try:
+            return self._build_with(program, samples)
+        except (CocktailerError, ValueError, SymbolicSizeError):
+            raise
+        except Exception as e:   # the backend failed on a captured program: a bug of ours
+            raise InternalError(e, program.main.loc) from e
 
     def __call__(self, *args, **kwargs):
         if self._needs_grad(args, kwargs):
@@ -247,17 +297,17 @@ class CompiledFunction:
             self._warned.add(warning)
         return self.fn(*args, **kwargs)
 
-    def _samples(self, args, kwargs, key: tuple) -> list[list[torch.Tensor]]:
+    def _samples(self, args, kwargs, key: tuple, dims: frozenset = frozenset()) -> list[list[torch.Tensor]]:
         """What the measured policy times candidates on: these arguments' tensors, and those of
         options["samples"] (argument tuples) that specialize the same way."""
         samples = [_tensors(args, kwargs)]
         for extra in self.config.samples:
             extra_args, extra_kwargs = self._bind(_as_tuple(extra), {})
-            if self._key(extra_args, extra_kwargs) == key:
+            if self._key(extra_args, extra_kwargs, dims=dims) == key:
                 samples.append(_tensors(extra_args, extra_kwargs))
         return samples
 
-    def _build(self, program: Program, samples: list[list[torch.Tensor]]) -> Callable:
+    def _build_with(self, program: Program, samples: list[list[torch.Tensor]]) -> Callable:
         """The backend's executable for `program`. "auto" takes the first backend in AUTO_ORDER
         that can run it; a native backend without a C compiler falls back to the reference
         backend with one warning."""
@@ -295,6 +345,7 @@ class CompiledFunction:
 
 _warned: set[str] = set()
 _MAX_ASSIGNED_FIELDS = 16
+_MAX_SEEN_SHAPES = 4096
 
 
 def _warn_once(message: str):
@@ -334,9 +385,29 @@ def _tensors(args, kwargs) -> list[torch.Tensor]:
     return [x for x in pytree.flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
 
 
-def _leaf_key(x) -> Any:
+def _erase_key(key: tuple, dims: frozenset) -> tuple:
+    """A cache key with the sizes of `dims` left out (the leaves' keys of _leaf_key)."""
+    if not dims:
+        return key
+    spec, leaves = key
+    leaves = list(leaves)
+    for leaf in {leaf for leaf, _ in dims}:
+        kind, shape, *rest = leaves[leaf]
+        leaves[leaf] = (kind, erase(shape, leaf, dims), *rest)
+    return spec, tuple(leaves)
+
+
+def _symbolic_dims(program: Program, leaves: list) -> frozenset:
+    """The (leaf, dim) of every symbolic size the program takes."""
+    tensor_leaves = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    return frozenset((tensor_leaves[position], dim) for _, position, dim in program.sizes)
+
+
+def _leaf_key(x, leaf: int = 0, dims: frozenset = frozenset()) -> Any:
     if isinstance(x, torch.Tensor):   # a layout other than contiguous changes which reshapes are views
-        return ("tensor", tuple(x.shape), x.dtype, x.device, None if x.is_contiguous() else x.stride())
+        shape = tuple(x.shape)
+        return ("tensor", erase(shape, leaf, dims) if dims else shape, x.dtype, x.device,
+                None if x.is_contiguous() else x.stride())
     return ("python", python_key(x))
 
 

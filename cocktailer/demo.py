@@ -51,20 +51,23 @@ class TreeSentiment(nn.Module):
         return torch.softmax(self.negative(h), -1), steps
 
 
-def tree_inputs(trees, size: int, seed: int = 0):
-    """Pad each tree's node arrays to `size` so every tree has the same tensor shapes."""
+def tree_inputs(trees, seed: int = 0):
+    """Each tree's node arrays as they are: every tree has its own node count (the compiled
+    program takes it as a symbolic size)."""
     gen = torch.Generator().manual_seed(seed)
     vocabulary = {}
     embeddings = torch.randn(4096, HIDDEN, generator=gen) * 0.5
     out = []
     for tree in trees:
-        pad = size - tree.num_nodes
         ids = [vocabulary.setdefault(w, len(vocabulary) % 4096) for w in tree.tokens]
-        words = torch.zeros(size, HIDDEN)
+        words = torch.zeros(tree.num_nodes, HIDDEN)
         words[: len(ids)] = embeddings[ids]
-        out.append((torch.cat([tree.left, torch.full((pad,), -1)]), torch.cat([tree.right, torch.full((pad,), -1)]),
-                    torch.cat([tree.is_leaf, torch.ones(pad, dtype=torch.bool)]), words, torch.tensor(tree.root)))
+        out.append((tree.left, tree.right, tree.is_leaf, words, torch.tensor(tree.root)))
     return out
+
+
+def _programs(n: int) -> str:
+    return "one compiled program" if n == 1 else f"{n} compiled programs (1-node trees have one of their own)"
 
 
 def median_ms(fn, inputs, repeats: int) -> float:
@@ -88,10 +91,10 @@ def main(argv=None):
     torch.manual_seed(0)
     model = TreeSentiment().eval()
     trees = load_sst(limit=args.trees)
-    inputs = tree_inputs(trees, max(t.num_nodes for t in trees))
+    inputs = tree_inputs(trees)
     with torch.no_grad():
         start = time.perf_counter()
-        fast = cocktailer.compile(model, inputs[0], backend=args.backend)
+        fast = cocktailer.compile(model, inputs[0], backend=args.backend, dynamic=True)
         compile_s = time.perf_counter() - start
         program = fast.specialize(*inputs[0])
         kinds = [op.op.name for op in program.walk()]
@@ -104,8 +107,10 @@ def main(argv=None):
             (probs, steps), (want, want_steps) = fast(*x), model(*x)
             torch.testing.assert_close(probs, want, rtol=1e-5, atol=1e-6)
             assert int(steps) == want_steps
+        nodes = [t.num_nodes for t in trees]
         print(f"all {len(trees)} trees match eager PyTorch (depths {min(t.depth for t in trees)}-"
-              f"{max(t.depth for t in trees)}, {len(fast.cache)} compiled program for all of them)")
+              f"{max(t.depth for t in trees)}, {min(nodes)}-{max(nodes)} nodes, unpadded: "
+              f"{_programs(len(fast.cache))} for all of them)")
         words = " ".join(trees[0].tokens)
         probs, steps = fast(*inputs[0])
         print(f"first sentence: {words[:70]!r}...\n  class probabilities {[round(p, 3) for p in probs.tolist()]}, "

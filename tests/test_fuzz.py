@@ -41,3 +41,16 @@ def test_programs_agree_with_eager_or_are_refused_at_their_line():
     # a fuzzer that only meets refusals tests nothing: most valid programs must compile
     valid = sum(verdicts.values()) - verdicts["invalid"]
     assert verdicts["ok"] >= 0.8 * valid, dict(verdicts)
+
+
+def test_programs_agree_with_eager_with_every_size_dynamic():
+    """The same programs compiled with dynamic=True: every dim symbolic from the first call,
+    specialized where the program needs it as a number (every eighth also natively)."""
+    failures = []
+    for seed in SEEDS:
+        program = generate(seed)
+        for config in ["reference-dynamic"] + (["cpu-dynamic"] if seed % (2 * NATIVE_EVERY) == 0 else []):
+            outcome = check(program, config)
+            if outcome.status in ("mismatch", "crash"):
+                failures.append(f"seed {seed} [{config}] {outcome.status}: {outcome.detail[:2000]}")
+    assert not failures, "\n\n".join(failures)

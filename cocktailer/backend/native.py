@@ -15,7 +15,7 @@ from cocktailer.backend.config import Config
 from cocktailer.backend.record import Record
 from cocktailer.codegen.kernels.gemm import prepack_b
 from cocktailer.codegen.renderer import CPU, Rendered, assemble, render
-from cocktailer.ir import Program
+from cocktailer.ir import Program, SymbolicSizeError
 from cocktailer.runtime.compiler import compile_shared_library, load_library
 from cocktailer.runtime.native import CompiledProgram, Entry, Packed
 from cocktailer.schedule import SimplePolicy
@@ -113,11 +113,14 @@ def _count(b: Build) -> str:
 def _entry(part: Part) -> Entry:
     """What the runtime needs to call the part's entry point."""
     program, rendered, plan = part.program, part.rendered, part.plan
+    if any(v.type.syms for v in program.main.body.yields):   # the runtime allocates outputs before the call
+        raise SymbolicSizeError(tuple(s for v in program.main.body.yields for s in v.type.syms), "an output")
     return Entry(rendered.entry, rendered.errors, [p.type for p in program.main.params],
                  [v.type for v in program.main.body.yields],
                  [_constant(program, rendered, name) for name in plan.const_names],
                  plan.arena_bytes, plan.frame_bytes, plan.locals_per_frame, part.uprogram.fans_out,
-                 part.uprogram.co_scheduled or part.uprogram.fine_barriers)
+                 part.uprogram.co_scheduled or part.uprogram.fine_barriers,
+                 tuple((position, dim) for _, position, dim in program.sizes))
 
 
 def _constant(program: Program, rendered: Rendered, name: str):

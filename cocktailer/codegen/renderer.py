@@ -18,7 +18,8 @@ import torch
 from cocktailer.codegen.dialect import CPU, Dialect, preamble
 from cocktailer.codegen.kernels import KERNELS, PRELUDE, KernelContext, ctype
 from cocktailer.errors import INTERRUPTED, ITERATIONS_EXCEEDED
-from cocktailer.ir import Op, Operation, Program, Value
+from cocktailer.ir import Op, Operation, Program, Sym, SymbolicSizeError, Value
+from cocktailer.runtime.native import ERR_SIZES as SIZES_AT   # err[]: where the call's symbolic sizes start
 from cocktailer.schedule.memory import MemoryPlan
 from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, Sync, UOperator, UProgram, UTaskRef
 
@@ -46,8 +47,18 @@ class Renderer:
         self.kernels: dict[str, str] = {}        # kernel body -> the C function that runs it
         self.signatures: dict[str, int] = {}     # function -> number of buffer arguments
         self.prepacked: dict[str, tuple[str, int]] = {}   # constant slot name -> (source constant, NR)
+        self.size_slots = {sym: SIZES_AT + k for k, (sym, _, _) in enumerate(self.program.sizes)}
 
     # -- addressing -------------------------------------------------------------------
+    def size(self, dim) -> str:
+        """A dim's size in C: a number, or the call's value of a symbolic size (in err[]). A
+        program without that size among its own (a host backend's basic block) needs a number."""
+        if not isinstance(dim, Sym):
+            return str(dim)
+        if dim not in self.size_slots:
+            raise SymbolicSizeError(dim, "a part of the program that is not called with its sizes")
+        return f"err[{self.size_slots[dim]}]"
+
     def ptr(self, v: Value, base: str | None = None) -> str:
         buf = self.plan.of(v)
         ty = ctype(v.type.dtype)
@@ -130,7 +141,8 @@ class Renderer:
             return f"((const float*){argument(('prepacked', index), f'((float*)cst[{index}])')})"
         names = iter(range(1 << 30))
         ctx = KernelContext(ptr=param, worker="w", workers="W", fail=self.fail,
-                            fresh=lambda prefix: f"{prefix}_{next(names)}", prepacked=prepacked, simd=self.d.simd)
+                            fresh=lambda prefix: f"{prefix}_{next(names)}", prepacked=prepacked, simd=self.d.simd,
+                            size=self.size)
         body = KERNELS[op.op](op, ctx)
         function = self.kernels.get(body)
         if function is None:
@@ -303,7 +315,8 @@ class Renderer:
                   "char* stack_all, int64_t max_depth, int64_t* locals, int64_t* rets, int64_t* err, int nw) {")
         self.emit(f"  enum {{ FRAME = {max(plan.frame_bytes, 64)}, NLOC = {plan.locals_per_frame} }};")
         self.emit("  err[0] = 0; err[1] = 0;   /* an error code; how often workers were preempted */")
-        self.emit("  /* err[2]: the SIGINT counter's address (0: none); err[3]: the most iterations of a loop (0: any) */")
+        self.emit("  /* err[2]: the SIGINT counter's address (0: none); err[3]: the most iterations of a loop (0: any); */")
+        self.emit("  /* err[4...]: the call's symbolic sizes (Program.sizes) */")
         self.emit("  const int64_t* const ct_sigints = err[2] ? (const int64_t*)(intptr_t)err[2] : &err[2];")
         self.emit("  const int64_t ct_sigints0 = CT_LOAD_RELAXED(ct_sigints);")
         self.emit("  const int64_t ct_max_iterations = err[3] > 0 ? err[3] : INT64_MAX;")

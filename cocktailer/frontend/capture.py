@@ -1,8 +1,8 @@
 """capture(): run a converted model on proxy tensors and collect the Program.
 
 Capture may restart: when a loop must be unrolled (its body needs Python values of the
-loop variable) or a function turns out to be recursive, the capture starts over with that
-knowledge (the hints), until it goes through.
+loop variable), a function turns out to be recursive or the program needs a symbolic size as a
+number, the capture starts over with that knowledge (the hints), until it goes through.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from cocktailer.frontend.lowering import lower_call
 from cocktailer.frontend.alias import Storage
 from cocktailer.frontend.merge import Plan, Side, make_plan, side_values
 from cocktailer.frontend.recursion import Summary, build_function, emit_call
-from cocktailer.frontend.tracer import Proxy, Region, RegionInfo, Restart, Tracer, is_proxy, meta_like
-from cocktailer.ir import Function, Op, Program, TensorType, Value
+from cocktailer.frontend.tracer import Proxy, Region, RegionInfo, Restart, Tracer, is_proxy, meta_like, type_of
+from cocktailer.ir import Function, Op, Program, Sym, SymbolicSizeError, TensorType, Value
 from cocktailer.ir.boundary import Boundary, Slot as BoundarySlot, View
 
 MAX_RESTARTS = 256
@@ -85,7 +85,7 @@ class Capture:
         if summary is None:
             result_spec, types = self._expected_result(fn)
             summary = t.hints["summaries"][key] = Summary.from_eager(
-                result_spec, types, tuple(TensorType.of(leaves[i]) for i in positions))
+                result_spec, types, tuple(type_of(leaves[i]) for i in positions))
         if key not in self.names:
             name = self.names[key] = _unique(fn.__name__, t.functions.values(), self.names.values())
             t.functions[name] = build_function(t, key, name, summary, converted, leaves, spec, positions,
@@ -122,7 +122,7 @@ class _Recorder:
         result = converted(*((self_arg,) + args if self_arg is not None else args), **kwargs)
         leaves, spec = pytree.flatten(result)
         if leaves and all(isinstance(x, torch.Tensor) for x in leaves):
-            self.seen.setdefault(fn.__code__, set()).add((spec, tuple(TensorType.of(x) for x in leaves)))
+            self.seen.setdefault(fn.__code__, set()).add((spec, tuple(type_of(x) for x in leaves)))
         return result
 
 
@@ -161,8 +161,8 @@ def _function_key(fn, args, kwargs) -> tuple:
     leaves, spec = pytree.flatten((args, kwargs))
 
     def sig(x):
-        if isinstance(x, Proxy):
-            return ("tensor", tuple(x.shape), x.dtype)
+        if isinstance(x, Proxy):   # its layout (a symbolic size at its captured value), not through torch
+            return ("tensor", tuple(x.meta.shape), x.dtype)
         if isinstance(x, (bool, int, float, str, type(None))):
             return ("py", type(x), x)
         return ("obj", id(x))
@@ -219,12 +219,17 @@ def _parameter_names(module) -> dict[int, str]:
     return {id(t): name for name, t in reversed(named)}
 
 
-def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwargs: dict | None = None) -> Program:
-    """Capture the program `model_or_function(*example_inputs, **example_kwargs)` runs, control flow included."""
+def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwargs: dict | None = None,
+            dynamic: frozenset = frozenset()) -> Program:
+    """Capture the program `model_or_function(*example_inputs, **example_kwargs)` runs, control
+    flow included. `dynamic` names dims of tensor arguments, as (leaf index, dim), whose size
+    the program takes at call time (a Sym); those the program needs as a number are
+    specialized, and `Program.sizes` lists the ones that stayed symbolic."""
     args, kwargs = tuple(example_inputs), dict(example_kwargs or {})
     leaves, _ = pytree.flatten((args, kwargs))
     device = _device_of(leaves)
-    hints: dict[str, Any] = {"unroll": set(), "recursive": set(), "summaries": {}}
+    hints: dict[str, Any] = {"unroll": set(), "recursive": set(), "summaries": {}, "static": set(),
+                             "dynamic": sorted(dynamic)}
     returns: dict = {}
     snapshot = attributes.Snapshot(model_or_function, leaves)
     try:
@@ -238,6 +243,10 @@ def _capture_attempts(model_or_function, args, kwargs, device, hints, returns, s
         snapshot.restore()
         try:
             return _capture_once(model_or_function, args, kwargs, device, hints, returns, snapshot)
+        except SymbolicSizeError as e:   # the program needs these sizes as numbers: they are specialized
+            hints["static"].update(e.syms)
+            hints["summaries"].clear()   # what recursive functions give back was typed with them
+            continue
         except CocktailerError:
             raise
         except Exception as e:
@@ -278,7 +287,9 @@ def _capture_once(fn, args, kwargs, device, hints, returns, snapshot) -> Program
             tracer.in_region(main.body, RegionInfo("function"), new_function=True), _CaptureMode(tracer):
         tracer.start_main(main.body)
         positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-        tracer.set_params(main.body, [tracer.new_param(TensorType.of(leaves[i])) for i in positions])
+        syms = _symbolic_sizes(leaves, hints)
+        tracer.symbolic = bool(syms)
+        tracer.set_params(main.body, [tracer.new_param(_input_type(leaves[i], i, syms)) for i in positions])
         inner = list(leaves)
         for i, param in zip(positions, main.body.params):
             inner[i] = tracer.fresh(param, meta_like(leaves[i].shape, leaves[i].stride(), leaves[i].dtype), "input")
@@ -296,7 +307,23 @@ def _capture_once(fn, args, kwargs, device, hints, returns, snapshot) -> Program
     kinds = [(True, None) if isinstance(x, torch.Tensor) else (False, x) for x in out]
     return Program({"main": main, **tracer.functions}, "main", tracer.constants, device,
                    input_spec=in_spec, output_spec=(out_spec, kinds), boundary=boundary,
-                   attribute_writes=tuple(target for target, _ in written))
+                   attribute_writes=tuple(target for target, _ in written),
+                   sizes=tuple((sym, positions.index(leaf), dim) for (leaf, dim), sym in syms.items()))
+
+
+def _symbolic_sizes(leaves: list, hints: dict) -> dict[tuple[int, int], Sym]:
+    """(leaf, dim) -> its Sym, for the dims asked to be dynamic that no attempt specialized.
+    Names follow the order of all the dims asked for, so that they are the same in every attempt."""
+    syms = {}
+    for k, (leaf, dim) in enumerate(hints["dynamic"]):
+        sym = Sym(f"s{k}", int(leaves[leaf].shape[dim]))
+        if sym not in hints["static"]:
+            syms[(leaf, dim)] = sym
+    return syms
+
+
+def _input_type(x: torch.Tensor, leaf: int, syms: dict[tuple[int, int], Sym]) -> TensorType:
+    return TensorType(tuple(syms.get((leaf, d), n) for d, n in enumerate(x.shape)), x.dtype)
 
 
 # What a compiled function may return besides tensors: values fixed at capture, returned as they are.

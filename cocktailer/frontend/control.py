@@ -16,7 +16,7 @@ from cocktailer import pytree
 from cocktailer.errors import UnsupportedError
 from cocktailer.frontend import context
 from cocktailer.frontend.merge import Plan, ShapeMergeError, Side, build, make_plan, on_side, resolve, side_values
-from cocktailer.frontend.tracer import Proxy, Region, RegionInfo, Restart, Tracer, Undefined, is_proxy
+from cocktailer.frontend.tracer import Proxy, Region, RegionInfo, Restart, Tracer, Undefined, is_proxy, type_of
 from cocktailer.ir import INDEX, Op, TensorType, Value
 
 INTERNAL_PREFIX = "__ct_"
@@ -364,7 +364,7 @@ def _index_value(t: Tracer, v) -> Value:
     if isinstance(v, int):
         return t.scalar(v, torch.int64)
     if v.numel() != 1 or v.dtype.is_floating_point or v.dtype == torch.bool:
-        raise UnsupportedError(f"range() bound must be an integer tensor with one element, got {TensorType.of(v)}")
+        raise UnsupportedError(f"range() bound must be an integer tensor with one element, got {type_of(v)}")
     value = t.value_of(v)
     if value.type.shape != ():
         value = t.emit1(Op.RESHAPE, [value], shape=())

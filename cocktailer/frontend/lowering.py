@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from cocktailer import pytree
 from cocktailer.errors import UnsupportedError
 from cocktailer.frontend.alias import ViewStep
-from cocktailer.frontend.tracer import Proxy, Tracer, is_proxy
-from cocktailer.ir import Op, TensorType, Value, infer_type
+from cocktailer.frontend.tracer import Proxy, Tracer, is_proxy, type_of
+from cocktailer.ir import Op, SymbolicSizeError, TensorType, Value, infer_type
 from cocktailer.ir.ops import SEMANTICS
 
 Handler = Callable[..., Any]
@@ -200,6 +200,8 @@ _CONCRETE = {"__bool__": "bool()", "__int__": "int()", "__float__": "float()", "
 
 def lower_call(tracer: Tracer, func, args: tuple, kwargs: dict):
     name = getattr(func, "__name__", "")
+    if tracer.symbolic and not _size_blind(func, name):
+        _specialize_sizes(args, kwargs, name)
     if name == "__get__":      # a property: metadata (shape, dtype, ...) or .T / .data
         return _lower_property(tracer, func, args)
     if name in _METADATA:
@@ -236,6 +238,28 @@ def lower_call(tracer: Tracer, func, args: tuple, kwargs: dict):
     if out is not None:
         return _write_out(L, out, result)
     return result
+
+
+# What a tensor of a symbolic size may meet: indexing (checked op by op by the type rules, which
+# know which dims it reads at run time) and metadata that does not depend on sizes.
+_SIZE_BLIND_NAMES = {"__getitem__", "dim", "ndimension", "is_floating_point", "is_complex", "element_size",
+                     "get_device", "is_signed", "__hash__", "__repr__", "has_names", "__reduce_ex__", "__dir__"}
+_SIZE_PROPERTIES = ("shape", "T", "mT", "H", "mH")
+
+
+def _size_blind(func, name: str) -> bool:
+    if name == "__get__":
+        return not any(getattr(func, "__self__", None) is getattr(torch.Tensor, p) for p in _SIZE_PROPERTIES)
+    return name in _SIZE_BLIND_NAMES
+
+
+def _specialize_sizes(args, kwargs, name: str):
+    """Any other torch function of a tensor of a symbolic size gets its size as a number (its
+    handler may compute with `x.shape` and bake it in): capture starts over with it specialized."""
+    syms = tuple(dict.fromkeys(s for x in pytree.flatten((args, kwargs))[0] if isinstance(x, Proxy)
+                               for s in type_of(x).syms))
+    if syms:
+        raise SymbolicSizeError(syms, f"`{name}`")
 
 
 def _write_out(L: Lowering, out, result):

@@ -28,8 +28,8 @@ import torch
 
 from cocktailer.errors import UnsupportedError
 from cocktailer.frontend.alias import Chain, Storage, ViewStep, chain_dynamic, chain_structure
-from cocktailer.frontend.tracer import Proxy, Tracer, Undefined, contiguous_meta
-from cocktailer.ir import BOOL, INDEX, Op, Region, TensorType, Value
+from cocktailer.frontend.tracer import Proxy, Tracer, Undefined, contiguous_meta, type_of
+from cocktailer.ir import BOOL, INDEX, Op, Region, SymbolicSizeError, TensorType, Value
 from cocktailer.ir.ops import SEMANTICS
 
 Target = tuple   # ("outer", Storage) or ("slot", slot key)
@@ -202,7 +202,9 @@ def merged_type(name: str, xs: list) -> TensorType:
     """The tensor type a variable takes when its values differ between paths."""
     tensors = [x for x in xs if isinstance(x, torch.Tensor)]
     if tensors:
-        types = {TensorType.of(x) for x in tensors}
+        types = {type_of(x) for x in tensors}
+        if len(types) > 1 and any(t.syms for t in types):   # the same shape on every path for its captured sizes
+            raise SymbolicSizeError(tuple(dict.fromkeys(s for t in types for s in t.syms)), "a merged variable")
         if len(types) > 1:
             raise ShapeMergeError(f"variable `{name}` is {' in one path and '.join(map(str, types))} in the other "
                                    "(a tensor-dependent `if` or loop must give it one shape and dtype)",

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from cocktailer.errors import UnsupportedError
+from cocktailer.frontend.tracer import type_of
 from cocktailer.ir import TensorType
 
 ASSIGNED, ASSIGNED_MASK, COUNT = "{}=", "{}=set", "{}#count"
@@ -158,7 +159,7 @@ class NodeRef:
         if not isinstance(value, torch.Tensor):
             raise NotLinearizable(f"the program assigns a {type(value).__name__} to `{name}` of a "
                                   f"`{schema.cls.__name__}` node", hint="assign tensors to node fields")
-        type_ = TensorType.of(value)
+        type_ = type_of(value)
         if schema.assigned_type(name) != type_:
             raise NeedsAssignedTable(schema.cls, name, type_)
         self._tables[schema.values_table(name)][self._index] = value
@@ -304,7 +305,7 @@ def _field(name: str, values: list, cls: type, row: dict) -> tuple[Field, dict |
         counts = torch.tensor([len(v) for v in values], dtype=torch.int64)
         return Field(name, "links"), {name: links, COUNT.format(name): counts}
     if all(isinstance(v, torch.Tensor) for v in values):
-        types = {TensorType.of(v) for v in values}
+        types = {type_of(v) for v in values}
         if len(types) == 1 and not any(v.requires_grad for v in values):
             (type_,) = types
             return Field(name, "tensor", type_), {name: torch.stack(values)}

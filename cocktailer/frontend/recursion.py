@@ -18,8 +18,8 @@ import torch
 from cocktailer import pytree
 from cocktailer.errors import UnsupportedError
 from cocktailer.frontend.merge import LeafPlan, Plan, Side, Slot, build, make_plan, resolve, side_values
-from cocktailer.frontend.tracer import Proxy, RegionInfo, Restart, Tracer, contiguous_meta
-from cocktailer.ir import Function, Op, Region, SourceLoc, TensorType
+from cocktailer.frontend.tracer import Proxy, RegionInfo, Restart, Tracer, contiguous_meta, type_of
+from cocktailer.ir import Function, Op, Region, SourceLoc, SymbolicSizeError, TensorType
 
 
 @dataclass
@@ -80,7 +80,7 @@ def _check_arguments(summary: Summary, args: list[Proxy], fn):
 def build_function(t: Tracer, key: tuple, name: str, summary: Summary, converted, leaves: list, spec, positions: list[int],
                    loc: SourceLoc, qualname: str) -> Function:
     """Trace the function's body; restart capture if it gives back more than `summary` says."""
-    params = [t.new_param(TensorType.of(leaves[i])) for i in positions]
+    params = [t.new_param(type_of(leaves[i])) for i in positions]
     region = Region(params=params)
     with t.in_region(region, RegionInfo("function", loc), new_function=True) as log:
         inner = list(leaves)
@@ -101,8 +101,11 @@ def build_function(t: Tracer, key: tuple, name: str, summary: Summary, converted
         label = lambda s: ("param", index[s]) if s in index else ("const", t.const_name(s))
         actual = Summary(out_spec, plan.relabel(label), summary.params,
                          tuple(j for j, s in enumerate(storages) if s in log))
-        if out_spec != summary.spec or [TensorType.of(x) for x in out] != summary.leaf_types():
-            raise UnsupportedError(f"recursive function `{qualname}` returns {[str(TensorType.of(x)) for x in out]} "
+        returned = tuple(dict.fromkeys(s for x in out for s in type_of(x).syms))
+        if returned:   # the summary's types are the eager run's: with the sizes as numbers
+            raise SymbolicSizeError(returned, "a recursive function's result")
+        if out_spec != summary.spec or [type_of(x) for x in out] != summary.leaf_types():
+            raise UnsupportedError(f"recursive function `{qualname}` returns {[str(type_of(x)) for x in out]} "
                                    f"but returned {list(map(str, summary.leaf_types()))} when run on the example "
                                    "inputs", loc)
         if not summary.covers(actual):

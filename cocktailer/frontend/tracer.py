@@ -60,8 +60,17 @@ class Undefined:
         return f"<undefined {self.name}>"
 
 
+def type_of(x: torch.Tensor) -> TensorType:
+    """x's IR type. A proxy's symbolic sizes included: its torch shape holds their captured values
+    (reading it through torch would specialize them, see lowering). A view of a proxy has the
+    shape of its layout: views keep no symbolic dim (ir.infer refuses the ones that would)."""
+    if isinstance(x, Proxy):
+        return x.storage.type if not x.chain else TensorType(tuple(x.meta.shape), x.meta.dtype)
+    return TensorType.of(x)
+
+
 def contiguous_meta(type: TensorType) -> torch.Tensor:
-    return meta_like(type.shape, None, type.dtype)
+    return meta_like(type.hinted.shape, None, type.dtype)   # a symbolic size at its captured value
 
 
 def meta_like(shape, strides, dtype: torch.dtype) -> torch.Tensor:
@@ -120,6 +129,7 @@ _MAX_ALIAS_UPDATES = 4096   # storages one in-place write updates, counted once 
 
 class Tracer:
     def __init__(self, device: torch.device, param_names: dict[int, str], hints: dict[str, Any]):
+        self.symbolic = False   # some input has a symbolic size (frontend.lowering checks what meets it)
         self.device = device
         self.param_names = param_names      # id(tensor) -> qualified parameter/buffer name
         self.hints = hints                  # "unroll": loop keys, "recursive": function keys, "summaries"

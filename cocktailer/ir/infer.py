@@ -12,14 +12,18 @@ from typing import Any, Sequence
 import torch
 
 from cocktailer.ir.ops import CREATION, ELEMENTWISE, REDUCE, SEMANTICS, Op
-from cocktailer.ir.types import TensorType
+from cocktailer.ir.types import Sym, SymbolicSizeError, TensorType
 
 
 def infer_type(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     """The result type of a data op (not CONST or control flow). Raises whatever torch
     raises for invalid operands (mismatched shapes, bad dims, ...). Remembered: a model
     repeats the same ops on the same types (skipnet: 2,400 ops, ~130 different)."""
+    if any(t.syms for t in operand_types):
+        return _infer_symbolic(op, operand_types, attrs)
     key = _memo_key(op, operand_types, attrs)
+    if key is None and (syms := _syms_in(tuple(attrs.values()))):   # a shape attribute of a symbolic size
+        raise SymbolicSizeError(syms, f"{op.name.lower()}'s attributes")
     known = _INFERRED.get(key) if key is not None else None
     if known is None:
         known = _infer(op, operand_types, attrs)
@@ -34,6 +38,25 @@ _INFERRED: dict[tuple, TensorType] = {}
 _MEMO_SIZE = 8192
 
 
+def _infer_symbolic(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    """The result type of an op that reads a tensor of a symbolic size. Supported: reading
+    an element or a row at a run-time index of a symbolic dim (`inp[node]` of a tree's node
+    table), the case a tree's node count or a sequence's length is; the result is then as
+    static as it is for every size. Anything else needs the size as a number."""
+    syms = tuple(dict.fromkeys(s for t in operand_types for s in t.syms))
+    if op is not Op.SELECT or operand_types[1:] and any(t.syms for t in operand_types[1:]):
+        raise SymbolicSizeError(syms, f"{op.name.lower()}")
+    dim, consumed = 0, set()
+    for item in attrs["key"]:
+        if item[0] == "dyn":
+            consumed.add(dim)
+        dim += item[0] != "new"
+    kept = tuple(d for k, d in enumerate(operand_types[0].shape) if isinstance(d, Sym) and k not in consumed)
+    if kept:
+        raise SymbolicSizeError(kept, "a select that keeps or slices that dim")
+    return infer_type(op, [t.hinted for t in operand_types], attrs)
+
+
 def _memo_key(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any]) -> tuple | None:
     """A key by value. None where an attribute is not a plain value (an object equal by
     identity, whose id a later object may reuse): not remembered."""
@@ -41,6 +64,11 @@ def _memo_key(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any]
         return op, tuple(operand_types), tuple((k, _frozen(v)) for k, v in attrs.items())
     except _NotPlain:
         return None
+
+
+def _syms_in(values: tuple) -> tuple:
+    return tuple(dict.fromkeys(s for v in values for s in ((v,) if isinstance(v, Sym) else
+                                                          _syms_in(tuple(v)) if type(v) in (tuple, list) else ())))
 
 
 class _NotPlain(Exception):

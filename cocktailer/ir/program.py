@@ -189,6 +189,8 @@ class Program:
     # attributes the program assigns on objects that outlive the call (frontend.attributes.Target):
     # the result is then (the function's result, their values), and the caller assigns them
     attribute_writes: tuple = ()
+    # the symbolic sizes of the entry's parameters: (Sym, parameter index, dim) where a call reads each
+    sizes: tuple = ()
 
     @property
     def main(self) -> Function:

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 from cocktailer.errors import INTERRUPTED, ITERATIONS_EXCEEDED, CompiledCallError
-from cocktailer.ir import TensorType
+from cocktailer.ir import Sym, TensorType
 from cocktailer.runtime import interrupt
 from cocktailer.runtime.memo import DERIVED
 
@@ -25,7 +25,7 @@ _ARGTYPES = [ctypes.c_void_p] * 9 + [ctypes.c_int]
 SLOTS_PER_FRAME = 8   # the generated code's CT_SLOTS: resume label, caller frame, fan-out state
 # err[] of the calling convention: the error code (0: none), how often the OS preempted a worker,
 # the address of the SIGINT counter (runtime.interrupt), the most iterations one loop may run (0: any)
-ERR_CODE, ERR_PREEMPTED, ERR_SIGINTS, ERR_MAX_ITERATIONS = range(4)
+ERR_CODE, ERR_PREEMPTED, ERR_SIGINTS, ERR_MAX_ITERATIONS, ERR_SIZES = range(5)   # then one slot per symbolic size
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class Entry:
     locals_per_frame: int
     stack_per_worker: bool            # calls fan out to worker groups: one stack of frames per worker
     needs_all_workers: bool           # uTasks are placed on given workers: no call may run on fewer
+    sizes: tuple = ()                 # (input, dim) of each symbolic size, in the order err[ERR_SIZES:] holds them
 
 
 class Workers:
@@ -142,7 +143,7 @@ class CompiledProgram:
                 if e.frame_bytes else torch.empty(64, dtype=torch.uint8),
                 torch.empty(self.workers * frames * e.locals_per_frame, dtype=torch.int64),
                 torch.empty(self.workers * frames * SLOTS_PER_FRAME, dtype=torch.int64),
-                (ctypes.c_int64 * 4)())   # err[]: see ERR_CODE...
+                (ctypes.c_int64 * (ERR_SIZES + len(e.sizes)))())   # err[]: see ERR_CODE...
         return scratch
 
     def _refresh_packed(self):
@@ -165,7 +166,8 @@ class CompiledProgram:
         for k, (x, ty) in enumerate(zip(inputs, self.entry.inputs)):
             if x.device.type != "cpu":
                 raise CompiledCallError(f"input {k} is on {x.device}; this program was compiled for the CPU")
-            if TensorType.of(x) != ty:
+            if x.dtype != ty.dtype or x.dim() != ty.rank or \
+                    any(n != d for n, d in zip(x.shape, ty.shape) if not isinstance(d, Sym)):
                 raise CompiledCallError(f"input {k} is {TensorType.of(x)}; this program was compiled for {ty}")
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -179,6 +181,8 @@ class CompiledProgram:
         outs = (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs])
         workers = self.active_workers.choose()
         err[ERR_SIGINTS], err[ERR_MAX_ITERATIONS] = interrupt.arm(), self.max_iterations or 0
+        for k, (position, dim) in enumerate(self.entry.sizes):
+            err[ERR_SIZES + k] = inputs[position].shape[dim]
         start = time.perf_counter()
         code = self._fn(ins, outs, self._const_table, arena.data_ptr(), stack.data_ptr(), self.max_depth,
                         locals_.data_ptr(), rets.data_ptr(), err, workers)

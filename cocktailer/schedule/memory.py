@@ -30,7 +30,7 @@ ALIGN = 64
 class Buffer:
     space: str      # "input", "const", "arena" (entry function), "frame" (other functions), "local"
     offset: int     # bytes into arena/frame, index into the input/const table, or local slot
-    nbytes: int
+    nbytes: int | None   # None: an input of a symbolic size (read in place, never copied or planned)
 
 
 @dataclass
@@ -180,7 +180,7 @@ def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool, wa
             slots += 2
     if space == "arena":
         for i, p in enumerate(fn.params):
-            plan.buffers[p.id] = Buffer("input", i, _nbytes(p))
+            plan.buffers[p.id] = Buffer("input", i, None if p.type.syms else _nbytes(p))
             skip.add(p.id)
     for p in fn.params:
         if passed_through and p.id in passed_through:

@@ -37,8 +37,12 @@ CONFIGS = {
     "cpu-measured": ("cpu", {"policy": "measured", "workers": 2}),
     "host": ("host", {"workers": 2}),
     "host-nested": ("host", {"native_from": 1}),
+    # with dynamic=True: every size symbolic where the program allows it
+    "cpu-dynamic": ("cpu", {}),
+    "reference-dynamic": ("reference", {}),
 }
-NATIVE = [name for name in CONFIGS if name != "reference"]
+DYNAMIC = {"cpu-dynamic", "reference-dynamic"}
+NATIVE = [name for name, (backend, _) in CONFIGS.items() if backend != "reference"]
 WEIGHTS = {"cpu-measured": 0.3, "host-nested": 0.5}   # the slow ones, less often
 INPUT_SETS = 3
 
@@ -87,7 +91,8 @@ def check(program: Program, config: str, sets: int = INPUT_SETS, max_iterations:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fast = cocktailer.compile(compiled_fn, _clone(inputs[0]), backend=backend, options=options)
+            fast = cocktailer.compile(compiled_fn, _clone(inputs[0]), backend=backend, options=options,
+                                      dynamic=True if config in DYNAMIC else None)
     except cocktailer.UnsupportedError as e:
         return Outcome(program.seed, config, "refused", str(e), refusal_kind(e))
     except Exception as e:

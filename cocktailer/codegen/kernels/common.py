@@ -29,11 +29,12 @@ def numel(shape: Sequence[int]) -> int:
 
 
 def strides_of(shape: Sequence[int]) -> list[int]:
-    """Row-major (contiguous) strides."""
+    """Row-major (contiguous) strides. The outermost dim may be symbolic: no stride counts it."""
     out, s = [], 1
-    for d in reversed(shape):
+    for k, d in enumerate(reversed(shape)):
         out.append(s)
-        s *= d
+        if k + 1 < len(shape):
+            s *= d
     return out[::-1]
 
 

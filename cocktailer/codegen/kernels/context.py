@@ -25,6 +25,10 @@ def ctype(dtype: torch.dtype) -> str:
         raise NotImplementedError(f"the C kernels do not support dtype {dtype}") from None
 
 
+def _static_size(dim) -> str:
+    return f"{dim}"   # a Sym raises SymbolicSizeError: this backend has no sizes at call time
+
+
 def _default_fail(message: str) -> str:
     return "{ err[0] = 1; goto ct_fail; }"
 
@@ -48,3 +52,5 @@ class KernelContext:
     prepacked: Callable[[Value, int], str | None] = field(default=lambda value, nr: None)
     # the annotation of a vector loop (L0 lanes), with reductions like "+:acc" (the dialect's)
     simd: Callable[..., str] = field(default=CPU.simd)
+    # C expression: a dim's size, a number or a symbolic size read at call time
+    size: Callable[[object], str] = field(default=_static_size)

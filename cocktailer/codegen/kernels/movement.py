@@ -122,8 +122,8 @@ def _view(op: Operation, x: Value, dynamic: list[Value], ctx: KernelContext):
         elif kind == "dyn":
             v = next(dyn)
             name = ctx.fresh("k_dyn")
-            checks.append(f"const int64_t {name} = ck_wrap((int64_t){ctx.ptr(v)}[0], {shape[dim]});")
-            checks.append(f"if ({name} < 0) {ctx.fail(f'index out of range for dimension {dim} of size {shape[dim]}')}")
+            checks.append(f"const int64_t {name} = ck_wrap((int64_t){ctx.ptr(v)}[0], {ctx.size(shape[dim])});")
+            checks.append(f"if ({name} < 0) {ctx.fail(f'index out of range for dimension {dim} of size {str(shape[dim])}')}")
             base.append(f"{name} * {st[dim]}")
             dim += 1
         elif kind == "new":
