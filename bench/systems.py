@@ -95,8 +95,11 @@ STEPS = [
 
 
 def step_systems() -> list[System]:
+    """Run only when named. Besides the steps: `cocktailer:cpu:dynamic`, every size symbolic
+    where the program allows it (a tree's node count), to compare with the static program."""
     return [System(name, OURS, _cocktailer(backend, options), backend=backend, options=options)
-            for name, backend, options in STEPS]
+            for name, backend, options in STEPS] + \
+        [System("cocktailer:cpu:dynamic", OURS, _cocktailer("cpu", dynamic=True), backend="cpu")]
 
 
 def baseline_systems(ref: str, systems: list[System]) -> list[System]:
@@ -195,9 +198,10 @@ def _onnxruntime(subject: Subject) -> Prepared:
     return Prepared(port.run, info=lambda: port.info)
 
 
-def _cocktailer(backend: str, options: dict | None = None) -> Callable[[Subject], Prepared]:
+def _cocktailer(backend: str, options: dict | None = None, dynamic: bool | None = None) -> Callable[[Subject], Prepared]:
     def prepare(subject: Subject) -> Prepared:
-        build = lambda: cocktailer.compile(subject.model, subject.inputs, backend=backend, options=options)
+        build = lambda: cocktailer.compile(subject.model, subject.inputs, backend=backend, options=options,
+                                           dynamic=dynamic)
         fast, times = _compile_times(build, backend)
         inputs = subject.inputs
         return Prepared(lambda: fast(*inputs), info=lambda: {**times, **_policy_info(fast)})
