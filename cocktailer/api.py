@@ -239,7 +239,13 @@ class CompiledFunction:
         """(program, executable, the dims it takes as symbolic sizes): those of `dims` that
         capture and the backend could keep symbolic; the others are specialized from now on."""
         with _collector_paused():
-            program = capture(self.fn, args, kwargs, dims)
+            try:
+                program = capture(self.fn, args, kwargs, dims)
+            except Exception:   # symbolic sizes never make a program fail that compiles for numbers
+                if not dims:
+                    raise
+                self.dims.specialize(signature, dims)
+                return self._compile(args, kwargs, flat, frozenset(), signature)
             kept = _symbolic_dims(program, flat[0])
             self.dims.specialize(signature, dims - kept)
             samples = self._samples(args, kwargs, self._key(args, kwargs, flat, kept), kept)

@@ -144,3 +144,74 @@ def test_a_variable_of_a_symbolic_size_on_one_path_and_a_fixed_one_on_another_is
             for args in inputs:
                 assert_same(fast(*args), fn(*args), 1e-4, 1e-5)
         assert not symbolic_programs(fast)
+
+
+class Elman(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.recur = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        seq_len, _ = x.shape
+        h = torch.zeros(4)
+        for t in range(seq_len):
+            h = torch.tanh(self.recur(h) + x[t])
+        return h
+
+
+@pytest.mark.parametrize("backend", backends_under_test())
+def test_a_loop_over_a_sequence_runs_for_its_length_at_call_time(backend):
+    """`for t in range(seq_len)` with `seq_len, _ = x.shape`: the length is a symbolic size
+    and the loop's trip count; one program serves every length of at least 2."""
+    torch.manual_seed(0)
+    m = Elman().eval()
+    fast = cocktailer.compile(m, backend=backend)
+    run_all(fast, m, [(torch.randn(n, 4, generator=torch.Generator().manual_seed(n)),) for n in (5, 3, 9, 2, 17)])
+    assert len(fast.cache) == 2   # the first length, then one for all
+    (program,) = symbolic_programs(fast)
+    assert " = dim %" in str(program)
+
+
+@pytest.mark.parametrize("name", ["lstm", "nasrnn"])
+def test_an_rnn_whose_input_projection_is_hoisted_compiles_per_length(name):
+    """The cpu backend computes x[t] @ W_ih for all t as one GEMM before the loop; with the
+    length symbolic it could not (3x slower), so each length compiles its own program there.
+    The reference backend has no such pass: one program for all lengths."""
+    from cocktailer import models
+    w = models.make(name, 1, size="small")
+    inputs = [(torch.randn(n, *w.inputs[0].shape[1:], generator=torch.Generator().manual_seed(n)),) for n in (5, 3, 9)]
+    for backend in backends_under_test():
+        fast = cocktailer.compile(w.model, backend=backend, dynamic=True)
+        run_all(fast, w.model, inputs)
+        assert bool(symbolic_programs(fast)) == (backend == "reference")
+
+
+def test_a_length_used_in_arithmetic_is_specialized_and_a_range_of_it_is_not():
+    def running(x):
+        n = x.size(0)
+        acc = torch.zeros(x.shape[1])
+        for t in range(n):
+            acc = acc * 0.5 + x[t]
+        return acc
+    def last_but_one(x):
+        return x[x.shape[0] - 2] * 2   # the size as a number: specialized
+    for fn, symbolic in [(running, True), (last_but_one, False)]:
+        fast = cocktailer.compile(fn, dynamic=True)
+        with torch.no_grad():
+            for n in (3, 6, 4):
+                x = torch.randn(n, 4)
+                assert_same(fast(x), fn(x), 1e-4, 1e-5)
+        assert bool(symbolic_programs(fast)) == symbolic
+
+
+def test_a_program_that_fails_with_symbolic_sizes_compiles_for_numbers():
+    """`x.shape` of a symbolic size is a tuple, not a torch.Size: `.numel()` of it fails in
+    capture, and the program is compiled with that call's sizes instead."""
+    def scaled(x):
+        return x / x.shape.numel()
+    fast = cocktailer.compile(scaled, dynamic=True)
+    with torch.no_grad():
+        for n in (3, 5):
+            x = torch.randn(n, 2)
+            assert_same(fast(x), scaled(x), 1e-4, 1e-5)
+    assert not symbolic_programs(fast)

@@ -366,6 +366,8 @@ def cases_movement() -> list[Case]:
                             (torch.tensor([1, 2], dtype=I32), 0, False)]:
         out.append(Case(Op.GATHER, [table, idx], {"dim": dim}, fails=fails))
     out.append(Case(Op.GATHER, [rand((3, 4, 5), I64), torch.tensor([4, 0])], {"dim": 2}))
+    # DIM: a size as an i64[] (here a number; symbolic sizes through the backend: test_dynamic)
+    out += [Case(Op.DIM, [rand((7, 3))], {"dim": d}) for d in (0, 1)]
     return out
 
 

@@ -16,7 +16,8 @@ from cocktailer import pytree
 from cocktailer.errors import UnsupportedError
 from cocktailer.frontend import context
 from cocktailer.frontend.merge import Plan, ShapeMergeError, Side, build, make_plan, on_side, resolve, side_values
-from cocktailer.frontend.tracer import Proxy, Region, RegionInfo, Restart, Tracer, Undefined, is_proxy, type_of
+from cocktailer.frontend.tracer import (Proxy, Region, RegionInfo, Restart, SizeProxy, Tracer, Undefined, is_proxy,
+                                       type_of)
 from cocktailer.ir import INDEX, Op, TensorType, Value
 
 INTERNAL_PREFIX = "__ct_"
@@ -340,6 +341,9 @@ def _range_trip(t: Tracer, r) -> tuple[Value, Callable]:
     if isinstance(r, range):
         trip = t.scalar(len(r), torch.int64)
         start, step = r.start, r.step
+    elif isinstance(r.stop, SizeProxy) and r.start == 0 and r.step == 1:   # range(n), n a size: never negative
+        trip = t.value_of(r.stop)
+        start, step = 0, 1
     else:
         start, stop, step = (_index_value(t, v) for v in (r.start, r.stop, r.step))
         span = t.emit1(Op.SUB, [stop, start])

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from cocktailer import pytree
 from cocktailer.errors import UnsupportedError
 from cocktailer.frontend.alias import ViewStep
-from cocktailer.frontend.tracer import Proxy, Tracer, is_proxy, type_of
-from cocktailer.ir import Op, SymbolicSizeError, TensorType, Value, infer_type
+from cocktailer.frontend.tracer import Proxy, SizeProxy, Tracer, is_proxy, type_of
+from cocktailer.ir import Op, Sym, SymbolicSizeError, TensorType, Value, infer_type
 from cocktailer.ir.ops import SEMANTICS
 
 Handler = Callable[..., Any]
@@ -200,8 +200,11 @@ _CONCRETE = {"__bool__": "bool()", "__int__": "int()", "__float__": "float()", "
 
 def lower_call(tracer: Tracer, func, args: tuple, kwargs: dict):
     name = getattr(func, "__name__", "")
-    if tracer.symbolic and not _size_blind(func, name):
-        _specialize_sizes(args, kwargs, name)
+    if tracer.symbolic:
+        shape = _symbolic_shape(tracer, func, name, args)
+        if shape is not None:
+            return shape
+        _specialize_sizes(func, args, kwargs, name)
     if name == "__get__":      # a property: metadata (shape, dtype, ...) or .T / .data
         return _lower_property(tracer, func, args)
     if name in _METADATA:
@@ -245,6 +248,7 @@ def lower_call(tracer: Tracer, func, args: tuple, kwargs: dict):
 _SIZE_BLIND_NAMES = {"__getitem__", "dim", "ndimension", "is_floating_point", "is_complex", "element_size",
                      "get_device", "is_signed", "__hash__", "__repr__", "has_names", "__reduce_ex__", "__dir__"}
 _SIZE_PROPERTIES = ("shape", "T", "mT", "H", "mH")
+_NEW_LIKE = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor"}   # self: only its dtype and device
 
 
 def _size_blind(func, name: str) -> bool:
@@ -253,13 +257,33 @@ def _size_blind(func, name: str) -> bool:
     return name in _SIZE_BLIND_NAMES
 
 
-def _specialize_sizes(args, kwargs, name: str):
+def _symbolic_shape(tracer: Tracer, func, name: str, args: tuple):
+    """`x.shape`, `x.size()` and `x.size(d)` of a tensor of symbolic size: its symbolic dims as
+    SizeProxy (a loop may run that many times), the others as ints. None for anything else."""
+    x = args[0] if args else None
+    if not isinstance(x, Proxy) or x.chain or not x.storage.type.syms:
+        return None
+    if name == "__get__" and getattr(func, "__self__", None) is torch.Tensor.shape or name == "size" and len(args) == 1:
+        return tuple(tracer.size_of(x, d) if isinstance(n, Sym) else n for d, n in enumerate(x.storage.type.shape))
+    if name == "size" and len(args) == 2 and isinstance(args[1], int):
+        n = x.storage.type.shape[args[1]]
+        return tracer.size_of(x, args[1] % x.dim()) if isinstance(n, Sym) else n
+    return None
+
+
+def _specialize_sizes(func, args, kwargs, name: str):
     """Any other torch function of a tensor of a symbolic size gets its size as a number (its
-    handler may compute with `x.shape` and bake it in): capture starts over with it specialized."""
-    syms = tuple(dict.fromkeys(s for x in pytree.flatten((args, kwargs))[0] if isinstance(x, Proxy)
-                               for s in type_of(x).syms))
+    handler may compute with `x.shape` and bake it in), and so does any use of a symbolic size
+    itself but its own metadata (a loop's trip count is taken before it reaches torch):
+    capture starts over with those sizes specialized."""
+    leaves = pytree.flatten((args, kwargs))[0]
+    sized = [] if _size_blind(func, name) else [x for x in leaves if isinstance(x, Proxy) and
+                                                not (name in _NEW_LIKE and x is args[0])]
+    syms = tuple(s for x in sized for s in type_of(x).syms)
+    own_metadata = name in _METADATA or name == "__get__"
+    syms += tuple(x.sym for x in leaves if isinstance(x, SizeProxy) and not (own_metadata and x is args[0]))
     if syms:
-        raise SymbolicSizeError(syms, f"`{name}`")
+        raise SymbolicSizeError(tuple(dict.fromkeys(syms)), f"`{name}`")
 
 
 def _write_out(L: Lowering, out, result):

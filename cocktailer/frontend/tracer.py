@@ -19,7 +19,7 @@ import torch
 
 from cocktailer.errors import UnsupportedError, user_location
 from cocktailer.frontend.alias import Chain, Link, Storage, ViewStep, inverse_permutation
-from cocktailer.ir import (BOOL, CREATION, Function, Op, Operation, Region, SourceLoc, TensorType, Value,
+from cocktailer.ir import (BOOL, CREATION, Function, Op, Operation, Region, SourceLoc, Sym, TensorType, Value,
                            infer_type)
 
 
@@ -111,6 +111,14 @@ class Proxy(torch.Tensor):
         # see): `str(i)` of a loop index (`self.blocks[str(i)]`) must ask for its value as
         # formatting does, which unrolls the loop
         return torch.Tensor.__format__(self, "")
+
+
+
+class SizeProxy(Proxy):
+    """A symbolic size as a tensor (i64[]): what `x.shape` holds for a dim of symbolic size. A
+    loop takes it as its trip count (`for t in range(n)`); anything else needs the size as a
+    number (frontend.lowering specializes it)."""
+    sym: Sym
 
 
 def _layout(tensor: torch.Tensor) -> tuple:
@@ -260,6 +268,14 @@ class Tracer:
         """A tensor with memory of its own, holding `value`."""
         storage = self.new_storage(value, origin, meta)
         return Proxy(self, storage, (), storage.meta)
+
+    def size_of(self, x: Proxy, dim: int) -> SizeProxy:
+        """x.shape[dim] where that size is symbolic: read when the program runs."""
+        value = self.emit1(Op.DIM, [self.value_of(x)], dim=dim)
+        storage = self.new_storage(value)
+        size = SizeProxy(self, storage, (), storage.meta)
+        size.sym = self.value_of(x).type.shape[dim]
+        return size
 
     def on(self, storage: Storage, chain: Chain = (), meta: torch.Tensor | None = None) -> Proxy:
         """A tensor that is `storage` viewed through `chain`."""

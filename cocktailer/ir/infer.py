@@ -41,9 +41,12 @@ _MEMO_SIZE = 8192
 def _infer_symbolic(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     """The result type of an op that reads a tensor of a symbolic size. Supported: reading
     an element or a row at a run-time index of a symbolic dim (`inp[node]` of a tree's node
-    table), the case a tree's node count or a sequence's length is; the result is then as
-    static as it is for every size. Anything else needs the size as a number."""
+    table, `x[t]` of a sequence), the case a tree's node count or a sequence's length is; the
+    result is then as static as it is for every size; and the size itself (DIM), which a loop
+    takes as its trip count. Anything else needs the size as a number."""
     syms = tuple(dict.fromkeys(s for t in operand_types for s in t.syms))
+    if op is Op.DIM:   # the size itself, read at run time
+        return TensorType((), torch.int64)
     if op is not Op.SELECT or operand_types[1:] and any(t.syms for t in operand_types[1:]):
         raise SymbolicSizeError(syms, f"{op.name.lower()}")
     dim, consumed = 0, set()

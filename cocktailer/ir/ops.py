@@ -53,6 +53,7 @@ class Op(enum.Enum):
     SELECT = enum.auto()      # key: x[key], basic indexing; dynamic indices are operands 1..
     UPDATE = enum.auto()      # key: y = x.clone(); y[key] = v; operands (x, v, *dynamic indices)
     GATHER = enum.auto()      # dim: x indexed along dim by an integer tensor of any shape
+    DIM = enum.auto()         # dim: x.shape[dim] as an i64[] (a symbolic size, read when the program runs)
     # -- control flow (regions; executed by cocktailer.reference) -----------------
     IF = enum.auto()
     LOOP = enum.auto()
@@ -75,7 +76,7 @@ ARITY: dict[Op, int | None] = {
     **{op: 1 for op in REDUCE}, Op.SOFTMAX: 1, Op.LOG_SOFTMAX: 1,
     Op.CONST: 0, Op.SCALAR: 0, Op.FULL: 0, Op.ARANGE: 0, Op.MATMUL: 2, Op.CONV2D: None,
     Op.MAX_POOL2D: 1, Op.AVG_POOL2D: 1, Op.RESHAPE: 1, Op.PERMUTE: 1, Op.EXPAND: 1,
-    Op.CAT: None, Op.SELECT: None, Op.UPDATE: None, Op.GATHER: 2,
+    Op.CAT: None, Op.SELECT: None, Op.UPDATE: None, Op.GATHER: 2, Op.DIM: 1,
     Op.IF: None, Op.LOOP: None, Op.CALL: None,
 }
 
@@ -199,6 +200,7 @@ SEMANTICS: dict[Op, Callable[..., torch.Tensor]] = {
     Op.SELECT: _select,
     Op.UPDATE: _update,
     Op.GATHER: _gather,
+    Op.DIM: lambda x, *, dim: torch.tensor(x.shape[dim], dtype=torch.int64, device=x.device),
 }
 
 CONTROL_DOCS = {

@@ -65,7 +65,7 @@ KERNELS: dict[Op, Renderer] = {
     Op.CONV2D: conv.render_conv2d, Op.MAX_POOL2D: conv.render_pool, Op.AVG_POOL2D: conv.render_pool,
     Op.RESHAPE: movement.render_reshape, Op.PERMUTE: movement.render_permute, Op.EXPAND: movement.render_expand,
     Op.CAT: movement.render_cat, Op.SELECT: movement.render_select, Op.UPDATE: movement.render_update,
-    Op.GATHER: movement.render_gather,
+    Op.GATHER: movement.render_gather, Op.DIM: elementwise.render_dim,
 }
 
 _INTEGER_INDEX = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)

@@ -24,6 +24,12 @@ def render_scalar(op: Operation, ctx: KernelContext) -> str:
     return f"if ({ctx.worker} == 0) {ctx.ptr(out)}[0] = {lit(op.attrs['value'], out.type.dtype)};"
 
 
+def render_dim(op: Operation, ctx: KernelContext) -> str:
+    """A size of the operand's type: a symbolic one is the call's (ctx.size)."""
+    x, out = op.operands[0], op.results[0]
+    return f"if ({ctx.worker} == 0) {ctx.ptr(out)}[0] = {ctx.size(x.type.shape[op.attrs['dim']])};"
+
+
 def render_full(op: Operation, ctx: KernelContext) -> str:
     out = op.results[0]
     n = numel(out.type.shape)
