@@ -34,7 +34,7 @@ def measure(models: list[str], size: str, batch: int, out: Path) -> dict:
             warm_disk = _worker(model, size, batch, cache)
         rows[model] = {"cold_s": cold["first_s"], "cold_compiler_s": cold["first_compiler_s"],
                        "warm_disk_s": warm_disk["first_s"], "warm_disk_compiler_ran": warm_disk["first_compiler_ran"],
-                       "warm_s": cold["again_s"], "warm_compiler_ran": cold["again_compiler_ran"],
+                       "warm_s": cold["again_s"], "warm_runs_s": cold["again_runs_s"], "warm_compiler_ran": cold["again_compiler_ran"],
                        "import_s": cold["import_s"], "stages_cold": cold["stages"], "stages_warm": cold["stages_again"]}
         print(f"{model}: {_row(model, rows[model])}", file=sys.stderr, flush=True)
     data = {"run": {"size": size, "batch": batch, "argv": sys.argv[1:]}, "machine": machine.describe(),
