@@ -152,11 +152,11 @@ class CompiledFunction:
         self._assigned: dict[type, dict] = {}    # node class -> fields the program assigns (frontend.nodes)
         self._kept_as_objects: set[type] = set()   # node classes whose trees the program reads as objects
 
-    def _key(self, args, kwargs, flat: tuple[list, pytree.Spec] | None = None, dims: frozenset = frozenset()) -> tuple:
-        """The cache key: the arguments' structure, their tensors' layouts (the sizes of `dims`
-        left out) and dtypes, and their Python values."""
+    def _key(self, args, kwargs, flat: tuple[list, pytree.Spec] | None = None) -> tuple:
+        """The arguments' structure, their tensors' layouts and dtypes, and their Python values:
+        the cache key, with the symbolic sizes left out (_erase_key)."""
         leaves, spec = flat if flat is not None else pytree.flatten((args, kwargs))
-        return spec, tuple(_leaf_key(x, k, dims) for k, x in enumerate(leaves))
+        return spec, tuple(_leaf_key(x) for x in leaves)
 
     @staticmethod
     def _signature(key: tuple) -> tuple:
@@ -248,7 +248,7 @@ class CompiledFunction:
                 return self._compile(args, kwargs, flat, frozenset(), signature)
             kept = _symbolic_dims(program, flat[0])
             self.dims.specialize(signature, dims - kept)
-            samples = self._samples(args, kwargs, self._key(args, kwargs, flat, kept), kept)
+            samples = self._samples(args, kwargs, _erase_key(self._key(args, kwargs, flat), kept), kept)
             try:
                 return program, self._build(program, samples), kept
             except SymbolicSizeError:   # the backend needs them as numbers: a program for these sizes
@@ -309,7 +309,7 @@ class CompiledFunction:
         samples = [_tensors(args, kwargs)]
         for extra in self.config.samples:
             extra_args, extra_kwargs = self._bind(_as_tuple(extra), {})
-            if self._key(extra_args, extra_kwargs, dims=dims) == key:
+            if _erase_key(self._key(extra_args, extra_kwargs), dims) == key:
                 samples.append(_tensors(extra_args, extra_kwargs))
         return samples
 
@@ -409,11 +409,9 @@ def _symbolic_dims(program: Program, leaves: list) -> frozenset:
     return frozenset((tensor_leaves[position], dim) for _, position, dim in program.sizes)
 
 
-def _leaf_key(x, leaf: int = 0, dims: frozenset = frozenset()) -> Any:
+def _leaf_key(x) -> Any:
     if isinstance(x, torch.Tensor):   # a layout other than contiguous changes which reshapes are views
-        shape = tuple(x.shape)
-        return ("tensor", erase(shape, leaf, dims) if dims else shape, x.dtype, x.device,
-                None if x.is_contiguous() else x.stride())
+        return ("tensor", tuple(x.shape), x.dtype, x.device, None if x.is_contiguous() else x.stride())
     return ("python", python_key(x))
 
 
