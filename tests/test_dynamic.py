@@ -1,6 +1,7 @@
-"""Dynamic sizes: one compiled program for every tree size, chosen automatically after a
-second size, with dynamic=True, or with mark_dynamic; sizes 0 and 1 and sizes the program
-needs as numbers get programs of their own. Every result is compared with eager PyTorch."""
+"""Dynamic sizes: one compiled program for every tree size and every sequence length a loop
+runs over, chosen automatically after a second size, with dynamic=True, or with mark_dynamic;
+sizes 0 and 1 and sizes the program needs as numbers get programs of their own. Every result
+is compared with eager PyTorch."""
 from __future__ import annotations
 
 import random
