@@ -196,7 +196,12 @@ def test_a_length_used_in_arithmetic_is_specialized_and_a_range_of_it_is_not():
         return acc
     def last_but_one(x):
         return x[x.shape[0] - 2] * 2   # the size as a number: specialized
-    for fn, symbolic in [(running, True), (last_but_one, False)]:
+    def over_len(x):   # range(len(x)): the same length
+        acc = torch.zeros(x.shape[1])
+        for t in range(len(x)):
+            acc = acc * 0.5 + x[t]
+        return acc
+    for fn, symbolic in [(running, True), (over_len, True), (last_but_one, False)]:
         fast = cocktailer.compile(fn, dynamic=True)
         with torch.no_grad():
             for n in (3, 6, 4):

@@ -284,6 +284,14 @@ class SymRange:
             raise UnsupportedError("range() with a tensor or zero step", hint="use a Python int step")
 
 
+def len_(x):
+    """`len(x)` in a `range()` bound: a tensor's leading size as `x.shape` gives it (a SizeProxy
+    where that size is symbolic, so the loop runs for the call's length); else len()."""
+    if isinstance(x, torch.Tensor) and x.dim() > 0:
+        return x.shape[0]
+    return len(x)
+
+
 def range_(*args):
     if any(is_proxy(a) for a in args):
         return SymRange(*args)

@@ -414,12 +414,17 @@ class _Functionalize:
             defs.append(cond_fn)
             cond_arg = _load(cond_fn.name)
         iterable = s.iter
-        if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.func.id == "range":
-            iterable = ast.Call(_ct("range_"), iterable.args, iterable.keywords)
+        if _is_call_of(iterable, "range"):   # len(x) in its bounds: x's length, symbolic where x's is
+            iterable = ast.Call(_ct("range_"), [ast.Call(_ct("len_"), a.args, a.keywords) if _is_call_of(a, "len")
+                                                else a for a in iterable.args], iterable.keywords)
         call = _call(_ct("for_stmt"), iterable, _load(body_fn.name), cond_arg, _tuple(state, ast.Load),
                      _const(tuple(state)), _const(self.src.key(s)), _const(tuple(_updated_in_place(s.body))),
                      _const(tuple(_rebound(s.body))), _const(getattr(s, "ct_returned", False)))
         return self._emit(s, state, defs, call)
+
+
+def _is_call_of(node: ast.expr, name: str) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
 
 
 def _construct_def(name: str, params: list[str], body: list[ast.stmt]) -> ast.FunctionDef:
