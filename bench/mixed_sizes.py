@@ -36,12 +36,16 @@ from cocktailer.data import load_sst
 from cocktailer.models.tree import RAE, tree_inputs
 
 
+def drawn(count: int, seed: int = 0) -> tuple[list, list]:
+    """(the SST sample's trees, the `count` drawn from them)."""
+    trees, rng = load_sst(), random.Random(seed)
+    return trees, [rng.choice(trees) for _ in range(count)]
+
+
 def stream(count: int, hidden: int, seed: int = 0) -> list[tuple]:
-    trees = load_sst()
+    trees, chosen = drawn(count, seed)
     vocab = {tok: k for k, tok in enumerate(sorted({tok for t in trees for tok in t.tokens}))}
     table = torch.randn(len(vocab), hidden, generator=torch.Generator().manual_seed(seed))
-    rng = random.Random(seed)
-    chosen = [rng.choice(trees) for _ in range(count)]
     return [tree_inputs(t, [vocab[tok] for tok in t.tokens], table, t.num_nodes) for t in chosen]
 
 
@@ -105,7 +109,7 @@ def main(argv=None):
         for name in names[r % len(names):] + names[:r % len(names)]:   # a rotating order: interleaved
             runs[name].append(_run_in_process(name, args.trees))
             print(f"round {r}: {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
-    nodes = [len(a[0]) for a in stream(args.trees, 512)]
+    nodes = [t.num_nodes for t in drawn(args.trees)[1]]
     data = {"machine": machine.describe(), "run": {"trees": args.trees, "rounds": args.rounds, "hidden": 512,
                                                   "node_counts": sorted(set(nodes))},
             "systems": {name: {"first_pass_s": [x["first_pass_s"] for x in rs],

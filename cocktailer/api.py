@@ -214,15 +214,17 @@ class CompiledFunction:
         seen = self._seen_shapes.get(static)   # shapes called before: no new sizes to learn from them
         if seen is not None and (self.frozen or seen[2].holds()):
             return seen[1]
-        key = seen[0] if seen is not None else _erase_key(static, self._dims_of(static, flat[0]))
+        dims = None if seen is not None else self._dims_of(static, flat[0])
+        key = seen[0] if seen is not None else _erase_key(static, dims)
         entry = self.cache.get(key)
         if entry is not None and not self.frozen and not self._guards[key].holds():
             entry = None   # the model's parameters were replaced since: compile for the ones it holds now
         if entry is None:
             if self.frozen:
                 raise CompiledCallError("a traced graph only runs on inputs shaped like the ones it was traced with")
-            program, executable, dims = self._compile(args, kwargs, flat, self._dims_of(static, flat[0]),
-                                                      self._signature(static))
+            if dims is None:   # the shapes were seen, but their program is stale: choose again
+                dims = self._dims_of(static, flat[0])
+            program, executable, dims = self._compile(args, kwargs, flat, dims, self._signature(static))
             key = _erase_key(static, dims)
             entry = self.cache[key] = (program, executable)
             self._guards[key] = _ConstantGuard(self.fn, program)

@@ -52,14 +52,11 @@ class Sym:
         raise SymbolicSizeError(self, "code generation")
 
 
-Dim = "int | Sym"
-
-
 @dataclass(frozen=True)
 class TensorType:
     """Every IR value is a tensor of a shape and dtype (a 0-d tensor stands for a scalar).
     A dim is an int, or a Sym where the size varies between calls."""
-    shape: tuple  # of Dim
+    shape: tuple  # of int | Sym
     dtype: torch.dtype
 
     @staticmethod

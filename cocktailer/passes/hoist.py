@@ -19,25 +19,26 @@ from cocktailer.ir import Op, Operation, Program, Sym, SymbolicSizeError, Tensor
 
 def hoist_invariant_matmuls(program: Program) -> Program:
     for fn in program.functions.values():
-        scalars = {op.results[0].id: op.attrs["value"] for op in fn.body.walk() if op.op is Op.SCALAR}
-        scalars.update((op.results[0].id, op.operands[0].type.shape[op.attrs["dim"]])   # symbolic sizes
-                       for op in fn.body.walk() if op.op is Op.DIM)
+        # trip counts known at compile time: numbers, and symbolic sizes (a Sym)
+        trips = {op.results[0].id: op.attrs["value"] for op in fn.body.walk() if op.op is Op.SCALAR}
+        trips.update((op.results[0].id, op.operands[0].type.shape[op.attrs["dim"]])
+                     for op in fn.body.walk() if op.op is Op.DIM)
         for region in list(fn.body.regions()):
             ops: list[Operation] = []
             for op in region.ops:
                 if op.op is Op.LOOP:
-                    ops += _hoist_from(op, scalars)
+                    ops += _hoist_from(op, trips)
                 ops.append(op)
             region.ops = ops
     return program
 
 
-def _hoist_from(loop: Operation, scalars: dict[int, object]) -> list[Operation]:
+def _hoist_from(loop: Operation, trips: dict[int, object]) -> list[Operation]:
     """Rewrite `loop`'s body in place; return the ops to put before the loop."""
     body = loop.loop_body
-    if loop.loop_cond is not None or loop.loop_trip is None or loop.loop_trip.id not in scalars:
+    if loop.loop_cond is not None or loop.loop_trip is None or loop.loop_trip.id not in trips:
         return []
-    trip, counter = scalars[loop.loop_trip.id], body.params[0]
+    trip, counter = trips[loop.loop_trip.id], body.params[0]
     inside = _defined_inside(loop)
     defs = {r.id: op for op in body.ops for r in op.results}
     before: list[Operation] = []
