@@ -394,15 +394,19 @@ def _tensors(args, kwargs) -> list[torch.Tensor]:
 
 
 def _erase_key(key: tuple, dims: frozenset) -> tuple:
-    """A cache key with the sizes of `dims` left out (the leaves' keys of _leaf_key)."""
+    """A cache key with the sizes of `dims` left out (the leaves' keys of _leaf_key), and which
+    of them were equal: capture gives equal sizes one Sym, so that program is right only for
+    calls where they are equal again."""
     if not dims:
         return key
     spec, leaves = key
+    sizes = [leaves[leaf][1][dim] for leaf, dim in sorted(dims)]
+    equal = tuple(sizes.index(n) for n in sizes)
     leaves = list(leaves)
     for leaf in {leaf for leaf, _ in dims}:
         kind, shape, *rest = leaves[leaf]
         leaves[leaf] = (kind, erase(shape, leaf, dims), *rest)
-    return spec, tuple(leaves)
+    return spec, tuple(leaves), equal
 
 
 def _symbolic_dims(program: Program, leaves: list) -> frozenset:

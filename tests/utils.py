@@ -97,6 +97,12 @@ NATIVE_RTOL, NATIVE_ATOL = 1e-4, 1e-5
 NATIVE_REPEATS = 8
 
 
+def _configs(backend: str | None) -> list[tuple[str, bool | None]]:
+    """Each backend twice: as users compile by default, and with every size dynamic (symbolic
+    from the first call, or specialized where the program needs it as a number)."""
+    return [(name, dynamic) for name in ([backend] if backend else backends_under_test()) for dynamic in (None, True)]
+
+
 def assert_matches_eager(
     model_or_fn: Callable,
     input_sets: Sequence[Sequence[Any]],
@@ -105,25 +111,28 @@ def assert_matches_eager(
     atol: float = 1e-6,
 ):
     """Compile `model_or_fn` ONCE per backend (all backends under test unless one is named),
-    with the first input set as example inputs, then call the compiled object on every input
-    set (same or different shapes: different values exercise other branches and trip counts,
-    different shapes exercise re-specialization) and compare with the eager call under
-    torch.no_grad(): the results, and the arguments after the call (what the program wrote
-    into them). Returns the first backend's compiled object."""
+    and once more with dynamic=True, with the first input set as example inputs, then call
+    the compiled object on every input set (same or different shapes: different values
+    exercise other branches and trip counts, different shapes exercise re-specialization and
+    symbolic sizes) and compare with the eager call under torch.no_grad(): the results, and
+    the arguments after the call (what the program wrote into them). Returns the first
+    backend's compiled object."""
     input_sets = [tuple(s) if isinstance(s, (tuple, list)) else (s,) for s in input_sets]
     assert input_sets, "need at least one input set"
     if isinstance(model_or_fn, torch.nn.Module):
         model_or_fn.eval()
     compiled = []
-    for name in [backend] if backend else backends_under_test():
-        fast = cocktailer.compile(model_or_fn, example_inputs=_clone(input_sets[0]), backend=name)
-        tol = (rtol, atol) if name == "reference" else (max(rtol, NATIVE_RTOL), max(atol, NATIVE_ATOL))
+    for name, dynamic in _configs(backend):
+        fast = cocktailer.compile(model_or_fn, example_inputs=_clone(input_sets[0]), backend=name, dynamic=dynamic)
+        native = name != "reference"
+        name += " dynamic" if dynamic else ""
+        tol = (max(rtol, NATIVE_RTOL), max(atol, NATIVE_ATOL)) if native else (rtol, atol)
         for k, inputs in enumerate(input_sets):
             eager_inputs, compiled_inputs = _clone(inputs), _clone(inputs)
             with torch.no_grad():
                 expected = model_or_fn(*eager_inputs)
                 actual = fast(*compiled_inputs)
-                repeats = [fast(*_clone(inputs)) for _ in range(NATIVE_REPEATS if name != "reference" else 0)]
+                repeats = [fast(*_clone(inputs)) for _ in range(NATIVE_REPEATS if native else 0)]
             assert_same(actual, expected, *tol, path=f"[{name}] input set {k}: out")
             # in-place writes into the arguments are part of the answer
             assert_same(compiled_inputs, eager_inputs, *tol, path=f"[{name}] input set {k}: inputs after the call")

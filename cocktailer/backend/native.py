@@ -113,14 +113,12 @@ def _count(b: Build) -> str:
 def _entry(part: Part) -> Entry:
     """What the runtime needs to call the part's entry point."""
     program, rendered, plan = part.program, part.rendered, part.plan
-    if any(v.type.syms for v in program.main.body.yields):   # the runtime allocates outputs before the call
-        raise SymbolicSizeError(tuple(s for v in program.main.body.yields for s in v.type.syms), "an output")
     return Entry(rendered.entry, rendered.errors, [p.type for p in program.main.params],
                  [v.type for v in program.main.body.yields],
                  [_constant(program, rendered, name) for name in plan.const_names],
                  plan.arena_bytes, plan.frame_bytes, plan.locals_per_frame, part.uprogram.fans_out,
                  part.uprogram.co_scheduled or part.uprogram.fine_barriers,
-                 tuple((position, dim) for _, position, dim in program.sizes))
+                 program.sizes, tuple(plan.dynamic))
 
 
 def _constant(program: Program, rendered: Rendered, name: str):

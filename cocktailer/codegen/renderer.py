@@ -48,6 +48,7 @@ class Renderer:
         self.signatures: dict[str, int] = {}     # function -> number of buffer arguments
         self.prepacked: dict[str, tuple[str, int]] = {}   # constant slot name -> (source constant, NR)
         self.size_slots = {sym: SIZES_AT + k for k, (sym, _, _) in enumerate(self.program.sizes)}
+        self.dynamic_at = SIZES_AT + len(self.program.sizes)   # err[]: then the dynamic slots' offsets
 
     # -- addressing -------------------------------------------------------------------
     def size(self, dim) -> str:
@@ -59,6 +60,13 @@ class Renderer:
             raise SymbolicSizeError(dim, "a part of the program that is not called with its sizes")
         return f"err[{self.size_slots[dim]}]"
 
+    def nbytes(self, ty) -> str:
+        """A value's byte count in C: a number, or an expression of the call's sizes."""
+        static = ty.dtype.itemsize
+        for d in ty.shape:
+            static *= 1 if isinstance(d, Sym) else d
+        return " * ".join([str(static)] + [self.size(d) for d in ty.shape if isinstance(d, Sym)])
+
     def ptr(self, v: Value, base: str | None = None) -> str:
         buf = self.plan.of(v)
         ty = ctype(v.type.dtype)
@@ -68,6 +76,8 @@ class Renderer:
             return f"(({ty}*)cst[{buf.offset}])"
         if buf.space == "local":
             return f"(&CT_L[{buf.offset}])"
+        if buf.space == "dynamic":   # at the offset the runtime computed for this call's sizes
+            return f"(({ty}*)(arena + err[{self.dynamic_at + buf.offset}]))"
         return f"(({ty}*)({base or self._base(buf.space)} + {buf.offset}))"
 
     def _base(self, space: str) -> str:
@@ -179,12 +189,12 @@ class Renderer:
     def copies(self, pairs: list[tuple[str, str, int]]):
         """Copy (dst, src, nbytes) triples, each worker its share, then a barrier."""
         for dst, src, n in pairs:
-            if n:
+            if n != "0":
                 self.emit(f"ct_copy({dst}, {src}, {n}, w, W);")
         self.emit(self.d.barrier)
 
     def moves(self, sources: list[Value], targets: list[Value], base_src=None, base_dst=None) -> list[tuple]:
-        return [(self.byte_ptr(t, base_dst), self.byte_ptr(s, base_src), t.type.numel * t.type.dtype.itemsize)
+        return [(self.byte_ptr(t, base_dst), self.byte_ptr(s, base_src), self.nbytes(t.type))
                 for s, t in zip(sources, targets) if not self._same_memory(s, t, base_src, base_dst)]
 
     def _same_memory(self, s: Value, t: Value, base_src, base_dst) -> bool:
@@ -243,7 +253,7 @@ class Renderer:
         stacks = op.results[len(op.loop_inits):]
         rows = []
         for y, s in zip(stacked, stacks):
-            n = y.type.numel * y.type.dtype.itemsize
+            n = self.nbytes(y.type)
             rows.append((f"({self.byte_ptr(s)} + {step} * {n})", self.byte_ptr(y), n))
         return rows
 
@@ -316,7 +326,8 @@ class Renderer:
         self.emit(f"  enum {{ FRAME = {max(plan.frame_bytes, 64)}, NLOC = {plan.locals_per_frame} }};")
         self.emit("  err[0] = 0; err[1] = 0;   /* an error code; how often workers were preempted */")
         self.emit("  /* err[2]: the SIGINT counter's address (0: none); err[3]: the most iterations of a loop (0: any); */")
-        self.emit("  /* err[4...]: the call's symbolic sizes (Program.sizes) */")
+        self.emit("  /* err[4...]: the call's symbolic sizes (Program.sizes), then the offsets of the values of */")
+        self.emit("  /* symbolic sizes in the arena (MemoryPlan.dynamic) */")
         self.emit("  const int64_t* const ct_sigints = err[2] ? (const int64_t*)(intptr_t)err[2] : &err[2];")
         self.emit("  const int64_t ct_sigints0 = CT_LOAD_RELAXED(ct_sigints);")
         self.emit("  const int64_t ct_max_iterations = err[3] > 0 ? err[3] : INT64_MAX;")
@@ -340,7 +351,7 @@ class Renderer:
         self.emit("  #define CT_L (L0 + (sp + 1) * NLOC)   /* this frame's loop counters */")
         self.block(self.up.functions[self.program.entry])
         self.emit(d.barrier)
-        outs = [(f"((char*)out[{k}])", self.byte_ptr(v), v.type.numel * v.type.dtype.itemsize)
+        outs = [(f"((char*)out[{k}])", self.byte_ptr(v), self.nbytes(v.type))
                 for k, v in enumerate(main.body.yields)]
         self.copies(outs)
         self.emit("goto ct_end;")

@@ -313,10 +313,14 @@ def _capture_once(fn, args, kwargs, device, hints, returns, snapshot) -> Program
 
 def _symbolic_sizes(leaves: list, hints: dict) -> dict[tuple[int, int], Sym]:
     """(leaf, dim) -> its Sym, for the dims asked to be dynamic that no attempt specialized.
-    Names follow the order of all the dims asked for, so that they are the same in every attempt."""
-    syms = {}
+    Dims of equal sizes share one Sym (as torch.compile's duck sizing: `x + y` of two sequences
+    of one length needs them equal); the caller keys the program by which dims were equal
+    (`api._erase_key`), so a call where they differ gets a program of its own. Names follow
+    the order of all the dims asked for, so that they are the same in every attempt."""
+    syms, by_size = {}, {}
     for k, (leaf, dim) in enumerate(hints["dynamic"]):
-        sym = Sym(f"s{k}", int(leaves[leaf].shape[dim]))
+        size = int(leaves[leaf].shape[dim])
+        sym = by_size.setdefault(size, Sym(f"s{k}", size))
         if sym not in hints["static"]:
             syms[(leaf, dim)] = sym
     return syms

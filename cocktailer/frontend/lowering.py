@@ -251,24 +251,50 @@ _SIZE_PROPERTIES = ("shape", "T", "mT", "H", "mH")
 _NEW_LIKE = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor"}   # self: only its dtype and device
 
 
+# Handlers that never read their operands' sizes: they emit one op (or a few) whose result
+# type inference derives from the operands' types, symbolic sizes included (`ir.infer`).
+_SHAPE_POLYMORPHIC = {
+    "neg", "negative", "__neg__", "abs", "__abs__", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid",
+    "relu", "silu", "sin", "cos", "erf", "floor", "ceil", "logical_not", "gelu", "leaky_relu", "relu6", "hardtanh",
+    "add", "__add__", "__radd__", "sub", "subtract", "__sub__", "__rsub__", "rsub", "mul", "multiply", "__mul__",
+    "__rmul__", "true_divide", "__truediv__", "__div__", "__rtruediv__", "__rdiv__", "div", "divide",
+    "maximum", "minimum", "eq", "__eq__", "ne", "not_equal", "__ne__", "lt", "less", "__lt__", "le", "less_equal",
+    "__le__", "gt", "greater", "__gt__", "ge", "greater_equal", "__ge__", "logical_and", "logical_or", "logical_xor",
+    "where", "masked_fill", "clamp", "clip", "clamp_min", "clamp_max", "dropout", "transpose", "swapaxes", "t",
+    "permute", "cat", "concat", "concatenate",
+    "sum", "mean", "amax", "amin", "softmax", "log_softmax",
+    "matmul", "mm", "__matmul__", "linear", "addmm", "__setitem__",
+    "zeros_like", "ones_like", "empty_like", "full_like",   # their shape is read as the type's (`_like`)
+}
+# Factories that take a symbolic size as a size (`torch.zeros(seq_len, h)`, `x.new_zeros(steps, b, h)`).
+_SIZED_FACTORIES = {"zeros", "empty", "ones", "full", "new_zeros", "new_empty", "new_ones", "new_full"}
+
+
 def _size_blind(func, name: str) -> bool:
     if name == "__get__":
         return not any(getattr(func, "__self__", None) is getattr(torch.Tensor, p) for p in _SIZE_PROPERTIES)
-    return name in _SIZE_BLIND_NAMES
+    return name in _SIZE_BLIND_NAMES or name in _SHAPE_POLYMORPHIC
 
 
 def _symbolic_shape(tracer: Tracer, func, name: str, args: tuple):
     """`x.shape`, `x.size()` and `x.size(d)` of a tensor of symbolic size: its symbolic dims as
     SizeProxy (a loop may run that many times), the others as ints. None for anything else."""
     x = args[0] if args else None
-    if not isinstance(x, Proxy) or x.chain or not x.storage.type.syms:
+    if not isinstance(x, Proxy) or not x.storage.type.syms:
         return None
+    shape = type_of(x).shape
     if name == "__get__" and getattr(func, "__self__", None) is torch.Tensor.shape or name == "size" and len(args) == 1:
-        return tuple(tracer.size_of(x, d) if isinstance(n, Sym) else n for d, n in enumerate(x.storage.type.shape))
+        return tuple(_size_proxy(tracer, x, n) if isinstance(n, Sym) else n for n in shape)
     if name == "size" and len(args) == 2 and isinstance(args[1], int):
-        n = x.storage.type.shape[args[1]]
-        return tracer.size_of(x, args[1] % x.dim()) if isinstance(n, Sym) else n
+        n = shape[args[1]]
+        return _size_proxy(tracer, x, n) if isinstance(n, Sym) else n
     return None
+
+
+def _size_proxy(tracer: Tracer, x: Proxy, sym: Sym):
+    """The size `sym`, read off x's storage (a view of it, `x.transpose(0, 1)`, has it too:
+    reading it there needs no copy of the view)."""
+    return tracer.size_of(tracer.on(x.storage), x.storage.type.shape.index(sym))
 
 
 def _specialize_sizes(func, args, kwargs, name: str):
@@ -281,7 +307,8 @@ def _specialize_sizes(func, args, kwargs, name: str):
                                                 not (name in _NEW_LIKE and x is args[0])]
     syms = tuple(s for x in sized for s in type_of(x).syms)
     own_metadata = name in _METADATA or name == "__get__"
-    syms += tuple(x.sym for x in leaves if isinstance(x, SizeProxy) and not (own_metadata and x is args[0]))
+    syms += tuple(x.sym for x in leaves if isinstance(x, SizeProxy) and not (own_metadata and x is args[0])
+                  and name not in _SIZED_FACTORIES)
     if syms:
         raise SymbolicSizeError(tuple(dict.fromkeys(syms)), f"`{name}`")
 
@@ -1250,6 +1277,8 @@ def _parse_key(L, x, key):
         elif isinstance(k, (list, tuple)):
             if advanced is not None:
                 raise UnsupportedError("indexing with more than one integer tensor or list")
+            if dim < x.dim() and isinstance(type_of(x).shape[dim], Sym):   # negative indices count from its end
+                raise SymbolicSizeError(type_of(x).shape[dim], "an index list")
             advanced = (len(items), dim, _list_index(L, k, x.shape[dim] if dim < x.dim() else 0))
             items.append(("slice", None, None, None))
             dim += 1
@@ -1292,6 +1321,8 @@ def _getitem_basic(L, x, items, dynamic=()):
 def _setitem(L, x, key, value):
     mask = _mask_of(x, key)
     if mask is not None:
+        if type_of(x).syms:   # the masked rows' shape would be read off x
+            raise SymbolicSizeError(type_of(x).syms, "an assignment through a mask")
         return _masked_assign(L, x, mask, value)
     items, dynamic, advanced = _parse_key(L, x, key)
     if advanced is not None:
@@ -1354,9 +1385,14 @@ register("zero_")(lambda L, x: _fill(L, x, 0))
 # -- creation ------------------------------------------------------------------------------
 
 def _full_proxy(L, shape, value, dtype):
+    """New memory of `shape` filled with `value`; a size of the shape may be symbolic (a
+    SizeProxy, or a Sym of a type)."""
+    shape = tuple(d.sym if isinstance(d, SizeProxy) else d for d in shape)
     if isinstance(value, torch.Tensor):   # new memory filled with the value
+        if any(isinstance(d, Sym) for d in shape):
+            raise SymbolicSizeError(tuple(d for d in shape if isinstance(d, Sym)), "a fill with a tensor")
         return L.t.fresh(L.val(_expand(L, L.cast(value, dtype), shape)))
-    return L.t.fresh(L.t.emit1(Op.FULL, [], shape=tuple(shape), value=value, dtype=dtype))
+    return L.t.fresh(L.t.emit1(Op.FULL, [], shape=shape, value=value, dtype=dtype))
 
 
 def _factory_dtype(dtype, value=0.0):
@@ -1385,7 +1421,7 @@ def _full(L, size, fill_value, *, dtype=None, device=None, layout=None, requires
 def _like(value):
     def h(L, x, *args, dtype=None, **kwargs):
         fill = args[0] if args else value
-        return _full_proxy(L, tuple(x.shape), fill, dtype or x.dtype)
+        return _full_proxy(L, type_of(x).shape, fill, dtype or x.dtype)   # symbolic sizes included
     return h
 
 

@@ -107,7 +107,7 @@ def _direction(cell, lstm, x, h, c, weights, reverse, steps):
     """One layer in one direction: its time loop, every step's state written to `out`."""
     out = x.new_zeros(steps, x.shape[1], h.shape[-1])
     for t in range(steps):
-        i = steps - 1 - t if reverse else t
+        i = -1 - t if reverse else t   # from the end (an index wraps as in Python): steps may be symbolic
         if lstm:
             h, c = cell(x[i], (h, c), *weights)
         else:

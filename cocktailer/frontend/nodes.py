@@ -33,7 +33,7 @@ import torch
 
 from cocktailer.errors import UnsupportedError
 from cocktailer.frontend.tracer import type_of
-from cocktailer.ir import TensorType
+from cocktailer.ir import SymbolicSizeError, TensorType
 
 ASSIGNED, ASSIGNED_MASK, COUNT = "{}=", "{}=set", "{}#count"
 
@@ -160,6 +160,8 @@ class NodeRef:
             raise NotLinearizable(f"the program assigns a {type(value).__name__} to `{name}` of a "
                                   f"`{schema.cls.__name__}` node", hint="assign tensors to node fields")
         type_ = type_of(value)
+        if type_.syms:   # its table is made before the call, of one shape for every node
+            raise SymbolicSizeError(type_.syms, "a tensor assigned to a node's field")
         if schema.assigned_type(name) != type_:
             raise NeedsAssignedTable(schema.cls, name, type_)
         self._tables[schema.values_table(name)][self._index] = value

@@ -63,9 +63,17 @@ class Undefined:
 def type_of(x: torch.Tensor) -> TensorType:
     """x's IR type. A proxy's symbolic sizes included: its torch shape holds their captured values
     (reading it through torch would specialize them, see lowering). A view of a proxy has the
-    shape of its layout: views keep no symbolic dim (ir.infer refuses the ones that would)."""
+    shape of its layout, or where its storage has symbolic sizes, the type its view steps infer
+    (`x[:, 0]` keeps x's symbolic rows)."""
     if isinstance(x, Proxy):
-        return x.storage.type if not x.chain else TensorType(tuple(x.meta.shape), x.meta.dtype)
+        if not x.chain:
+            return x.storage.type
+        if not x.storage.type.syms:
+            return TensorType(tuple(x.meta.shape), x.meta.dtype)
+        ty = x.storage.type
+        for step in x.chain:
+            ty = infer_type(step.op, [ty, *(d.type for d in step.dynamic)], step.kwargs)
+        return ty
     return TensorType.of(x)
 
 

@@ -21,6 +21,10 @@ def infer_type(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any
     repeats the same ops on the same types (skipnet: 2,400 ops, ~130 different)."""
     if any(t.syms for t in operand_types):
         return _infer_symbolic(op, operand_types, attrs)
+    if op is Op.FULL and _syms_in(tuple(attrs["shape"])):   # `torch.zeros(seq_len, h)`: sized at call time
+        hinted = TensorType(tuple(attrs["shape"]), attrs["dtype"]).hinted
+        infer_type(op, [], {**attrs, "shape": hinted.shape})   # checks the rest as torch would
+        return TensorType(tuple(attrs["shape"]), attrs["dtype"])
     key = _memo_key(op, operand_types, attrs)
     if key is None and (syms := _syms_in(tuple(attrs.values()))):   # a shape attribute of a symbolic size
         raise SymbolicSizeError(syms, f"{op.name.lower()}'s attributes")
@@ -39,25 +43,99 @@ _MEMO_SIZE = 8192
 
 
 def _infer_symbolic(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
-    """The result type of an op that reads a tensor of a symbolic size. Supported: reading
-    an element or a row at a run-time index of a symbolic dim (`inp[node]` of a tree's node
-    table, `x[t]` of a sequence), the case a tree's node count or a sequence's length is; the
-    result is then as static as it is for every size; and the size itself (DIM), which a loop
-    takes as its trip count. Anything else needs the size as a number."""
+    """The result type of an op that reads a tensor of a symbolic size.
+
+    - DIM: the size itself (an i64[] read at run time, a loop's trip count);
+    - the ops in _POLYMORPHIC (SELECT and UPDATE after checking that they slice no part of a
+      symbolic dim: `x[t]` of a sequence, `inp[node]` of a tree's node table and `x[:, 0]`
+      are fine) are inferred twice: with every size at its captured value (which checks
+      the operands as torch would), and with every size at another value of its own. Each
+      result dim is then a number (the same both times), or one of the sizes (its value both
+      times); a dim that is neither (`s - 1`, `2 * s`: a reshape, a slice) needs the sizes
+      as numbers, and so do operands whose sizes must be equal (two symbolic sizes added:
+      they may differ between calls);
+    - any other op needs the sizes as numbers: its attributes may hold sizes computed from
+      the captured values (a reshape's shape, a gather's constant indices)."""
     syms = tuple(dict.fromkeys(s for t in operand_types for s in t.syms))
-    if op is Op.DIM:   # the size itself, read at run time
+    if op is Op.DIM:
         return TensorType((), torch.int64)
-    if op is not Op.SELECT or operand_types[1:] and any(t.syms for t in operand_types[1:]):
-        raise SymbolicSizeError(syms, f"{op.name.lower()}")
-    dim, consumed = 0, set()
+    if op not in _POLYMORPHIC:
+        raise SymbolicSizeError(syms, op.name.lower())
+    if op in (Op.SELECT, Op.UPDATE):
+        _check_key(op, operand_types, attrs)
+    if _syms_in(tuple(attrs.values())):
+        raise SymbolicSizeError(syms, f"{op.name.lower()}'s attributes")
+    captured = infer_type(op, [t.hinted for t in operand_types], attrs)
+    shape = _shape_from_probe(op, operand_types, attrs, captured, syms)
+    if shape is None:   # blame the sizes that fail on their own (a matmul's K, not its M)
+        culprits = tuple(s for s in syms if _shape_from_probe(op, operand_types, attrs, captured, (s,)) is None)
+        raise SymbolicSizeError(culprits or syms, f"{op.name.lower()} (its result's size is not one of its operands', "
+                                                  "or its operands' sizes must agree)")
+    return TensorType(shape, captured.dtype)
+
+
+def _shape_from_probe(op: Op, operand_types, attrs, captured: TensorType, syms: tuple) -> tuple | None:
+    """The result's shape with `syms` symbolic (the others at their captured values), or None."""
+    probes = _probe_values(syms, operand_types)
+    try:
+        probed = infer_type(op, [_at(t, probes).hinted for t in operand_types], attrs)
+    except Exception:
+        return None
+    if probed.rank != captured.rank or probed.dtype != captured.dtype:
+        return None
+    by_values = {(s.hint, probes[s]): s for s in syms}
+    shape = []
+    for a, b in zip(captured.shape, probed.shape):
+        if a == b:
+            shape.append(a)
+        elif (a, b) in by_values:
+            shape.append(by_values[(a, b)])
+        else:
+            return None
+    return tuple(shape)
+
+
+def _check_key(op: Op, operand_types: Sequence[TensorType], attrs: dict):
+    """A select (an update) may index a dim of a symbolic size (by a number or at run time:
+    the kernel wraps and checks the index for the call's size) or take all of it; a slice of
+    part of it would have a size that depends on it (`x[1:]`) or would be assumed to fit in it
+    (`x[:3]`)."""
+    indices = operand_types[1 if op is Op.SELECT else 2:]
+    if any(t.syms for t in indices):
+        raise SymbolicSizeError(tuple(s for t in indices for s in t.syms), "an index")
+    shape, dim = operand_types[0].shape, 0
     for item in attrs["key"]:
-        if item[0] == "dyn":
-            consumed.add(dim)
+        if item[0] == "slice" and isinstance(shape[dim], Sym) and item[1:] not in _WHOLE:
+            raise SymbolicSizeError(shape[dim], "a slice of part of a dim")
         dim += item[0] != "new"
-    kept = tuple(d for k, d in enumerate(operand_types[0].shape) if isinstance(d, Sym) and k not in consumed)
-    if kept:
-        raise SymbolicSizeError(kept, "a select that keeps or slices that dim")
-    return infer_type(op, [t.hinted for t in operand_types], attrs)
+
+
+# Ops whose result's sizes are its operands' (or numbers) for every size: what type inference
+# takes symbolic sizes through.
+_POLYMORPHIC = ELEMENTWISE | REDUCE | {Op.MATMUL, Op.SOFTMAX, Op.LOG_SOFTMAX, Op.CAST, Op.SELECT, Op.UPDATE, Op.CAT,
+                                      Op.PERMUTE}
+_WHOLE = {(None, None, None), (0, None, None), (None, None, 1), (0, None, 1)}
+
+
+def _probe_values(syms: tuple, operand_types: Sequence[TensorType]) -> dict:
+    """A value per size, other than its captured one and than every number among the
+    operands' dims, and 1 more than a multiple of a large prime: no sum or product of a few
+    of them is another's, so a result dim that has one came from that size."""
+    taken = {d for t in operand_types for d in t.shape if not isinstance(d, Sym)} | {s.hint for s in syms}
+    values, k = {}, 1
+    for s in syms:
+        while _PROBE * k + 1 in taken:
+            k += 1
+        values[s] = _PROBE * k + 1
+        k += 1
+    return values
+
+
+_PROBE = 10007
+
+
+def _at(ty: TensorType, values: dict) -> TensorType:
+    return TensorType(tuple(values.get(d, d) for d in ty.shape), ty.dtype) if ty.syms else ty
 
 
 def _memo_key(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any]) -> tuple | None:

@@ -85,8 +85,9 @@ class TensorType:
             if self.syms else self
 
     def meta(self) -> torch.Tensor:
-        """A storage-less tensor of this type, for shape inference."""
-        return torch.empty(self.shape, dtype=self.dtype, device="meta")
+        """A storage-less tensor of this type, for shape inference (symbolic sizes at their
+        captured values: for what does not depend on them, as dtype promotion does not)."""
+        return torch.empty(self.hinted.shape, dtype=self.dtype, device="meta")
 
     def __str__(self) -> str:
         return f"{dtype_name(self.dtype)}[{','.join(map(str, self.shape))}]"

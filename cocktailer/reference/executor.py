@@ -3,13 +3,14 @@ of the IR's semantics (see cocktailer.ir.ops) and the "reference" backend."""
 from __future__ import annotations
 
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Sequence
 
 import torch
 
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
-from cocktailer.ir import CREATION, SEMANTICS, Function, Op, Operation, Program, Region
+from cocktailer.ir import CREATION, SEMANTICS, Function, Op, Operation, Program, Region, Sym
 
 # Each level of IR recursion costs a few Python frames here.
 RECURSION_LIMIT = 100_000
@@ -21,8 +22,10 @@ class ReferenceExecutor:
     def __init__(self, program: Program):
         self.program = program
         self._dead: dict[int, list[list[int]]] = {}   # id(region) -> values to drop after each op
+        self._call = threading.local()   # .sizes: this thread's call's symbolic sizes (Sym -> int)
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        self._call.sizes = {sym: inputs[position].shape[dim] for sym, position, dim in self.program.sizes}
         with _recursion_limit(RECURSION_LIMIT):
             try:
                 return self.run_function(self.program.main, list(inputs))
@@ -58,8 +61,13 @@ class ReferenceExecutor:
         elif kind is Op.CONST:
             outs = [self.program.constants[op.attrs["name"]]]
         else:
-            extra = {"device": self.program.device} if kind in CREATION else {}
-            outs = [SEMANTICS[kind](*(env[v.id] for v in op.operands), **op.attrs, **extra)]
+            attrs = op.attrs
+            if kind in CREATION:
+                attrs = {**attrs, "device": self.program.device}
+                if kind is Op.FULL:   # a symbolic size: the call's
+                    sizes = getattr(self._call, "sizes", {})
+                    attrs["shape"] = tuple(sizes.get(d, d) for d in attrs["shape"])
+            outs = [SEMANTICS[kind](*(env[v.id] for v in op.operands), **attrs)]
         for r, value in zip(op.results, outs):
             env[r.id] = value
 
@@ -104,7 +112,7 @@ def dead_after(region: Region, steps: list[tuple[set[int], set[int]]]) -> list[l
 
 
 def _stack(values: list[torch.Tensor], ty) -> torch.Tensor:
-    if len(values) != ty.shape[0]:
+    if not isinstance(ty.shape[0], Sym) and len(values) != ty.shape[0]:   # a symbolic one ran its call's count
         raise RuntimeError(f"a stacked loop output of {ty.shape[0]} steps ran {len(values)}")
     return torch.stack(values) if values else torch.empty(ty.shape, dtype=ty.dtype)
 

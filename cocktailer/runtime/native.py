@@ -6,6 +6,7 @@ ones kept in a layout of their own (`Packed`)."""
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import statistics
 import threading
@@ -50,7 +51,29 @@ class Entry:
     locals_per_frame: int
     stack_per_worker: bool            # calls fan out to worker groups: one stack of frames per worker
     needs_all_workers: bool           # uTasks are placed on given workers: no call may run on fewer
-    sizes: tuple = ()                 # (input, dim) of each symbolic size, in the order err[ERR_SIZES:] holds them
+    sizes: tuple = ()                 # (Sym, input, dim) of each symbolic size, in the order err[ERR_SIZES:] holds them
+    dynamic: tuple = ()               # the type of each value of a symbolic size the arena holds after
+                                      # arena_bytes (err[] holds their offsets after the sizes)
+
+    def arena_layout(self, sizes: dict) -> tuple[list[int], int]:
+        """For a call's sizes (Sym -> int): the byte offset of each dynamic value in the arena,
+        and the bytes the arena then needs."""
+        offsets, top = [], self.arena_bytes
+        for ty in self.dynamic:
+            offsets.append(top)
+            top += -(-_size_of(ty, sizes) * ty.dtype.itemsize // ARENA_ALIGN) * ARENA_ALIGN or ARENA_ALIGN
+        return offsets, top
+
+
+ARENA_ALIGN = 64
+
+
+def _size_of(ty: TensorType, sizes: dict) -> int:
+    return math.prod(sizes.get(d, d) for d in ty.shape)
+
+
+def _shape_of(ty: TensorType, sizes: dict) -> tuple:
+    return tuple(sizes.get(d, d) for d in ty.shape) if ty.syms else ty.shape
 
 
 class Workers:
@@ -143,8 +166,20 @@ class CompiledProgram:
                 if e.frame_bytes else torch.empty(64, dtype=torch.uint8),
                 torch.empty(self.workers * frames * e.locals_per_frame, dtype=torch.int64),
                 torch.empty(self.workers * frames * SLOTS_PER_FRAME, dtype=torch.int64),
-                (ctypes.c_int64 * (ERR_SIZES + len(e.sizes)))())   # err[]: see ERR_CODE...
+                (ctypes.c_int64 * (ERR_SIZES + len(e.sizes) + len(e.dynamic)))())   # err[]: see ERR_CODE...
         return scratch
+
+    def _arena_for(self, sizes: dict, err) -> torch.Tensor:
+        """The arena, grown if this call's sizes need more than it has (then kept: calls of the
+        same or smaller sizes allocate nothing); the dynamic values' offsets into err[]."""
+        offsets, top = self.entry.arena_layout(sizes)
+        at = ERR_SIZES + len(self.entry.sizes)
+        for j, offset in enumerate(offsets):
+            err[at + j] = offset
+        scratch = self._local.scratch
+        if scratch[0].numel() < top:
+            self._local.scratch = (torch.empty(top + top // 2, dtype=torch.uint8),) + scratch[1:]
+        return self._local.scratch[0]
 
     def _refresh_packed(self):
         """Pack again, in place, the constants whose source changed since they were packed
@@ -175,14 +210,17 @@ class CompiledProgram:
         if self._packed_from:
             self._refresh_packed()
         inputs = [x.contiguous() for x in inputs]
-        outputs = [torch.empty(t.shape, dtype=t.dtype) for t in self.entry.outputs]
         arena, stack, locals_, rets, err = self._scratch()
+        sizes = {}
+        for k, (sym, position, dim) in enumerate(self.entry.sizes):
+            sizes[sym] = err[ERR_SIZES + k] = inputs[position].shape[dim]
+        if self.entry.dynamic:
+            arena = self._arena_for(sizes, err)
+        outputs = [torch.empty(_shape_of(t, sizes), dtype=t.dtype) for t in self.entry.outputs]
         ins = (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs])
         outs = (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs])
         workers = self.active_workers.choose()
         err[ERR_SIGINTS], err[ERR_MAX_ITERATIONS] = interrupt.arm(), self.max_iterations or 0
-        for k, (position, dim) in enumerate(self.entry.sizes):
-            err[ERR_SIZES + k] = inputs[position].shape[dim]
         start = time.perf_counter()
         code = self._fn(ins, outs, self._const_table, arena.data_ptr(), stack.data_ptr(), self.max_depth,
                         locals_.data_ptr(), rets.data_ptr(), err, workers)

@@ -10,6 +10,10 @@
   copied into them), a loop's condition region reads the same buffers as its body;
 - branch results are buffers both branches copy their yields into;
 - loop counters and trip counts are per-worker slots ("locals"), one set per frame;
+- values of a symbolic size (`ir.Sym`: known at call time) each get a slot of their own after
+  the entry function's arena, never shared: the runtime computes their offsets from the
+  call's sizes and grows the arena when a call needs more than it has (`dynamic`). Inside
+  other (recursive) functions they have no place yet: planning raises SymbolicSizeError;
 - calls that fan out (run at once by different worker groups) are live together: each one's
   operands until the last of them starts, the results from the first, so no group writes a
   buffer another group still reads; so are the ops of a wave that runs side by side
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cocktailer.ir import Function, Op, Operation, Program, Region, Value
+from cocktailer.ir import Function, Op, Operation, Program, Region, SymbolicSizeError, TensorType, Value
 from cocktailer.ir.analysis import independent_call_runs
 from cocktailer.schedule.wavefront import co_scheduled
 
@@ -28,8 +32,9 @@ ALIGN = 64
 
 @dataclass
 class Buffer:
-    space: str      # "input", "const", "arena" (entry function), "frame" (other functions), "local"
-    offset: int     # bytes into arena/frame, index into the input/const table, or local slot
+    space: str      # "input", "const", "arena" (entry function), "frame" (other functions), "local",
+                    # "dynamic" (a symbolic size, after the arena)
+    offset: int     # bytes into arena/frame, index into the input/const table, local slot, or dynamic slot
     nbytes: int | None   # None: an input of a symbolic size (read in place, never copied or planned)
 
 
@@ -41,6 +46,7 @@ class MemoryPlan:
     frame_bytes: int = 0
     locals_per_frame: int = 0
     const_names: list[str] = field(default_factory=list)
+    dynamic: list[TensorType] = field(default_factory=list)   # per dynamic slot: its value's type
 
     def of(self, value: Value) -> Buffer:
         return self.buffers[value.id]
@@ -48,6 +54,10 @@ class MemoryPlan:
 
 def _nbytes(value: Value) -> int:
     return value.type.numel * value.type.dtype.itemsize
+
+
+def _aligned(nbytes: int) -> int:
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN or ALIGN
 
 
 class _Intervals:
@@ -137,7 +147,7 @@ def _pack(intervals: _Intervals, ids: list[int]) -> tuple[dict[int, int], int]:
     placed: list[tuple[int, int, int]] = []   # (end, offset, size) of live buffers
     offsets, top = {}, 0
     for vid in order:
-        size = (_nbytes(intervals.values[vid]) + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+        size = _aligned(_nbytes(intervals.values[vid]))
         start = intervals.start[vid]
         placed = [p for p in placed if p[0] >= start]
         offset = 0
@@ -194,6 +204,13 @@ def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool, wa
                 cond_aliases[c.id] = b.id
                 skip.add(c.id)
     in_place = _in_place_updates(fn, intervals, skip)
+    for vid, v in intervals.values.items():
+        if vid not in skip and vid not in in_place and v.type.syms:
+            if space != "arena":
+                raise SymbolicSizeError(v.type.syms, "a value inside a recursive function")
+            plan.buffers[vid] = Buffer("dynamic", len(plan.dynamic), None)
+            plan.dynamic.append(v.type)
+            skip.add(vid)
     offsets, top = _pack(intervals, [v for v in intervals.values if v not in skip and v not in in_place])
     for vid, off in offsets.items():
         plan.buffers[vid] = Buffer(space, off, _nbytes(intervals.values[vid]))

@@ -14,9 +14,10 @@ array of per-worker counters) makes each worker wait only for those it depends o
 measured policy (`search.py`, Algorithm 1) chooses among configurations of this one."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from cocktailer.ir import Op, Operation, Program, Region, Value
+from cocktailer.ir import Op, Operation, Program, Region, Sym, Value
 from cocktailer.ir.analysis import independent_call_runs
 from cocktailer.ir.ops import BINARY, UNARY
 from cocktailer.schedule.device import Device
@@ -35,8 +36,9 @@ def map_partition(op: Operation) -> tuple[int, int] | None:
     dependency crosses units)."""
     if op.op not in MAP_OPS:
         return None
-    out = op.results[0].type
-    return out.numel, max(1, 64 // out.dtype.itemsize)
+    out = op.results[0].type   # a symbolic size deals alike wherever it is the same one
+    count = math.prod(d for d in out.shape if not isinstance(d, Sym)), tuple(sorted(s.name for s in out.syms))
+    return count, max(1, 64 // out.dtype.itemsize)
 
 
 # Below this much work in its largest operator, a program runs on one worker: splitting ops
@@ -95,6 +97,8 @@ class SimplePolicy:
         """The shared memory a value occupies (inputs and constants are never written;
         locals are per worker)."""
         buf = self.plan.of(v)
+        if buf.space == "dynamic":   # a slot of its own
+            return (buf.space, buf.offset, buf.offset + 1)
         return (buf.space, buf.offset, buf.offset + buf.nbytes) if buf.space in ("arena", "frame") else None
 
     def _block(self, region: Region) -> Block:

@@ -11,12 +11,13 @@ from cocktailer.ir.analysis import straight_line_runs, waves
 
 
 def op_work(op: Operation) -> int:
-    """Multiply-adds of a contraction, elements written otherwise."""
-    out = op.results[0].type if op.results else None
+    """Multiply-adds of a contraction, elements written otherwise (symbolic sizes at their
+    captured values: what the work is likely to be)."""
+    out = op.results[0].type.hinted if op.results else None
     if out is None:
         return 0
     if op.op is Op.MATMUL:
-        return out.numel * op.operands[0].type.shape[-1]
+        return out.numel * op.operands[0].type.hinted.shape[-1]
     if op.op is Op.CONV2D:
         w = op.operands[1].type.shape
         return out.numel * w[1] * w[2] * w[3]

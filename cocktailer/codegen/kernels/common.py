@@ -24,17 +24,49 @@ def is_float(dtype: torch.dtype) -> bool:
     return dtype in FLOATS
 
 
-def numel(shape: Sequence[int]) -> int:
-    return math.prod(shape)
+def numel(shape: Sequence) -> "int | str":
+    """The element count of a shape of numbers and C expressions (see `c_shape`)."""
+    return product(*shape)
+
+
+def c_shape(ctx: KernelContext, shape: Sequence) -> tuple:
+    """A type's shape for the generated code: numbers, and the C expression of each symbolic
+    size (read at call time). The shape helpers below take such shapes; an expression is never
+    1 (sizes 0 and 1 are compiled apart), so broadcasting reads the same either way."""
+    return tuple(ctx.size(d) if not isinstance(d, int) else d for d in shape)
+
+
+def product(*factors) -> "int | str":
+    """The product of numbers and C expressions (run-time sizes): a number where all are."""
+    number, exprs = 1, []
+    for f in factors:
+        if isinstance(f, str):
+            exprs.append(f)
+        else:
+            number *= f
+    if not exprs or number == 0:
+        return number
+    return "(" + " * ".join(([str(number)] if number != 1 else []) + exprs) + ")"
+
+
+def ceil_div(n: "int | str", d: int) -> "int | str":
+    return -(-n // d) if isinstance(n, int) else f"(({n} + {d - 1}) / {d})"
+
+
+def hint(sizes: Sequence) -> int:
+    """The product of sizes, each symbolic one at the value it had at capture: a number to
+    choose code paths by (a choice of speed only: the code is right for every size)."""
+    return math.prod(getattr(d, "hint", d) for d in sizes)
 
 
 def strides_of(shape: Sequence[int]) -> list[int]:
-    """Row-major (contiguous) strides. The outermost dim may be symbolic: no stride counts it."""
+    """Row-major (contiguous) strides (C expressions where sizes are). The outermost dim may
+    even be a Sym: no stride counts it."""
     out, s = [], 1
     for k, d in enumerate(reversed(shape)):
         out.append(s)
         if k + 1 < len(shape):
-            s *= d
+            s = product(s, d)
     return out[::-1]
 
 
@@ -104,13 +136,13 @@ def broadcast_strides(shape: Sequence[int], out_shape: Sequence[int]) -> list[in
 
 def collapse(dims: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:
     """Drop size-1 dims and merge neighbours every stride list walks as one dim."""
-    keep = [i for i, d in enumerate(dims) if d != 1]
+    keep = [i for i, d in enumerate(dims) if d != 1]   # an expression is never 1
     sizes = [dims[i] for i in keep]
     sts = [[s[i] for i in keep] for s in strides]
     i = len(sizes) - 1
     while i > 0:
-        if all(s[i - 1] == s[i] * sizes[i] for s in sts):
-            sizes[i - 1] *= sizes[i]
+        if all(s[i - 1] == product(s[i], sizes[i]) for s in sts):
+            sizes[i - 1] = product(sizes[i - 1], sizes[i])
             for s in sts:
                 s[i - 1] = s[i]
             del sizes[i]
@@ -126,12 +158,12 @@ def offset_expr(index: str, sizes: Sequence[int], strides: Sequence[int]) -> str
     """C expression of the element offset of flat row-major index `index` over `sizes`."""
     terms, after = [], 1
     for d in range(len(sizes) - 1, -1, -1):
-        if strides[d] and sizes[d] > 1:
+        if strides[d] and (isinstance(sizes[d], str) or sizes[d] > 1):
             idx = index if after == 1 else f"({index} / {after})"
             if d > 0:
                 idx = f"({idx} % {sizes[d]})"
             terms.append(f"{idx} * {strides[d]}" if strides[d] != 1 else idx)
-        after *= sizes[d]
+        after = product(after, sizes[d])
     return " + ".join(reversed(terms)) if terms else "0"
 
 
@@ -140,11 +172,11 @@ def map_kernel(ctx: KernelContext, out: Value, operands: Sequence[Value],
     """out[i] = element([operand_k[broadcast(i)] ...]) for every i, each worker a block of i.
     `element` gets one C expression per operand (of the operand's C type) and returns the
     result's C expression."""
-    out_shape = tuple(out.type.shape)
+    out_shape = c_shape(ctx, out.type.shape)
     n = numel(out_shape)
     if n == 0:
         return ""
-    sizes, sts = collapse(out_shape, [broadcast_strides(v.type.shape, out_shape) for v in operands])
+    sizes, sts = collapse(out_shape, [broadcast_strides(c_shape(ctx, v.type.shape), out_shape) for v in operands])
     inner = sizes[-1]
     decl = [f"{ctype(out.type.dtype)}* k_y = {ctx.ptr(out)};"]
     decl += [f"const {ctype(v.type.dtype)}* k_x{i} = {ctx.ptr(v)};" for i, v in enumerate(operands)]
@@ -154,7 +186,7 @@ def map_kernel(ctx: KernelContext, out: Value, operands: Sequence[Value],
         lines += [ctx.simd(), f"for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_y[k_i] = {element(loads)};"]
         return block(*lines)
     outer = sizes[:-1]
-    row = ["const int64_t k_r = k_i / %d, k_j0 = k_i - k_r * %d;" % (inner, inner),
+    row = [f"const int64_t k_r = k_i / {inner}, k_j0 = k_i - k_r * {inner};",
            f"const int64_t k_j1 = CK_MIN({inner}, k_j0 + (k_hi - k_i));"]
     for i, s in enumerate(sts):
         row.append(f"const {ctype(operands[i].type.dtype)}* k_p{i} = k_x{i} + {offset_expr('k_r', outer, s[:-1])};")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from cocktailer.codegen.kernels.common import (block, convert, grain, is_float, lit, map_kernel, numel,
+from cocktailer.codegen.kernels.common import (block, c_shape, convert, grain, is_float, lit, map_kernel, numel,
                                                split)
 from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.ir import Op, Operation
@@ -32,7 +32,7 @@ def render_dim(op: Operation, ctx: KernelContext) -> str:
 
 def render_full(op: Operation, ctx: KernelContext) -> str:
     out = op.results[0]
-    n = numel(out.type.shape)
+    n = numel(c_shape(ctx, out.type.shape))
     if n == 0:
         return ""
     value = lit(op.attrs["value"], out.type.dtype)

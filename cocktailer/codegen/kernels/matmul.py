@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from cocktailer.codegen.kernels.common import block, broadcast_strides, numel, offset_expr, split
+from cocktailer.codegen.kernels.common import (block, broadcast_strides, ceil_div, hint, numel, offset_expr, product,
+                                               split)
 from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.codegen.kernels.gemm import GEMV_ROWS, choose_variant
-from cocktailer.ir import Operation
+from cocktailer.ir import Operation, Sym, SymbolicSizeError
 
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)
 
@@ -27,8 +28,10 @@ def supported(op: Operation) -> bool:
     return all(v.type.dtype == op.results[0].type.dtype for v in op.operands) and op.results[0].type.dtype in DTYPES
 
 
-def _geometry(op: Operation):
-    """(batch shape, A's and B's element strides per batch dim, M, K, N)."""
+def _geometry(op: Operation, ctx: KernelContext | None = None):
+    """(batch shape, A's and B's element strides per batch dim, M, K, N, M's hint). A's rows
+    may be a run-time size (a C expression: `ctx.size` of its symbolic dims) where they fold
+    into one GEMM against a 2-d B; any other dim of a symbolic size raises."""
     sa, sb = tuple(op.operands[0].type.shape), tuple(op.operands[1].type.shape)
     a_vec, b_vec = len(sa) == 1, len(sb) == 1
     M = 1 if a_vec else sa[-2]
@@ -36,52 +39,58 @@ def _geometry(op: Operation):
     N = 1 if b_vec else sb[-1]
     a_batch = () if a_vec else sa[:-2]
     b_batch = () if b_vec else sb[:-2]
-    if not b_batch and a_batch:   # fold A's batch into its rows: one tall GEMM
-        return (), [], [], numel(a_batch) * M, K, N
+    syms = tuple(d for d in sb + (K,) for d in [d] if isinstance(d, Sym))
+    if syms or b_batch and any(isinstance(d, Sym) for d in sa):
+        raise SymbolicSizeError(syms or op.operands[0].type.syms, "a matmul other than rows of A times a matrix")
+    if not b_batch:   # fold A's batch into its rows: one tall GEMM
+        rows = (*a_batch, M)
+        size = ctx.size if ctx is not None else str
+        return (), [], [], product(*(size(d) if isinstance(d, Sym) else d for d in rows)), K, N, hint(rows)
     batch = tuple(torch.broadcast_shapes(a_batch, b_batch))
     sta = [s * M * K for s in broadcast_strides(a_batch, batch)]
     stb = [s * K * N for s in broadcast_strides(b_batch, batch)]
-    return batch, sta, stb, M, K, N
+    return batch, sta, stb, M, K, N, M
 
 
 def path(op: Operation) -> str:
     """Which code a MATMUL takes (for benchmarks and debugging)."""
-    batch, _, _, M, K, N = _geometry(op)
+    batch, _, _, M, K, N, m = _geometry(op)
     if op.results[0].type.dtype is not torch.float32:
         return "loops"
     if N < 16:
         return "dot"
-    if M <= GEMV_ROWS:
+    if isinstance(M, int) and M <= GEMV_ROWS:
         return "gemv"
-    return "gemm %dx%d" % choose_variant(M, N)
+    return "gemm %dx%d" % choose_variant(m, N)
 
 
 def render_matmul(op: Operation, ctx: KernelContext) -> str:
     a, b = op.operands
     out = op.results[0]
     dt = out.type.dtype
-    batch, sta, stb, M, K, N = _geometry(op)
+    batch, sta, stb, M, K, N, m = _geometry(op, ctx)
     nb = numel(batch)
-    if nb * M * N == 0:
+    if product(nb, M, N) == 0:   # a run-time M is at least 2 (sizes 0 and 1 are compiled apart)
         return ""
     T = ctype(dt)
     head = [f"const {T}* k_a = {ctx.ptr(a)};", f"const {T}* k_b = {ctx.ptr(b)};", f"{T}* k_c = {ctx.ptr(out)};"]
     a_off = offset_expr("k_bi", batch, sta) if batch else "0"
     b_off = offset_expr("k_bi", batch, stb) if batch else "0"
     if K == 0:
-        return block(*head, split(ctx, nb * M * N, 16), "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_c[k_i] = 0;")
+        return block(*head, split(ctx, product(nb, M, N), 16),
+                     "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_c[k_i] = 0;")
     if dt is not torch.float32:
         return block(*head, *_generic(dt, nb, M, K, N, a_off, b_off, ctx))
     if N < 16:
         return block(*head, *narrow(nb, M, K, N, a_off, b_off, ctx))
-    if M <= GEMV_ROWS:
+    if isinstance(M, int) and M <= GEMV_ROWS:
         return block(*head, *_gemv(nb, M, K, N, a_off, b_off, ctx))
-    return block(*head, *_gemm(nb, M, K, N, a_off, b_off, ctx, None if batch else b))
+    return block(*head, *_gemm(nb, M, K, N, a_off, b_off, ctx, None if batch else b, m))
 
 
 def _rows(nb: int, M: int, ctx: KernelContext) -> list[str]:
     """Loop header over this worker's output rows (k_bi: batch item, k_m: row)."""
-    return [split(ctx, nb * M, 1),
+    return [split(ctx, product(nb, M), 1),
             "for (int64_t k_row = k_lo; k_row < k_hi; ++k_row) {",
             f"const int64_t k_bi = k_row / {M}, k_m = k_row - k_bi * {M};"]
 
@@ -123,11 +132,11 @@ def gemm_tiles(nb: int, M: int, N: int, mr: int, nr: int, ctx: KernelContext, ca
     rows (each worker reads only its rows of A, which dominate the traffic). Else NR-wide
     column panels (each worker packs only its part of B), and row chunks too if that is not
     enough to go round."""
-    np_, mb = -(-N // nr), -(-M // mr)
+    np_, mb = -(-N // nr), ceil_div(M, mr)
     W = ctx.workers
     return [f"int64_t k_rc = 1, k_pu = {np_};",
             f"if ({nb} >= 4 * {W}) k_pu = 1;",
-            f"else if ({M} >= 2 * {N} && {nb * mb} >= {W}) {{ k_rc = {mb}; k_pu = 1; }}",
+            f"else if ({M} >= 2 * {N} && {product(nb, mb)} >= {W}) {{ k_rc = {mb}; k_pu = 1; }}",
             f"else if ({nb * np_} < {W}) k_rc = CK_MIN({mb}, ({W} + {nb * np_ - 1}) / {nb * np_});",
             f"const int64_t k_units = {nb} * k_rc * k_pu;",
             f"const int64_t k_lo = k_units * {ctx.worker} / {W}, k_hi = k_units * ({ctx.worker} + 1) / {W};",
@@ -143,16 +152,17 @@ def gemm_tiles(nb: int, M: int, N: int, mr: int, nr: int, ctx: KernelContext, ca
             "}"]
 
 
-def _gemm(nb, M, K, N, a_off, b_off, ctx, b=None) -> list[str]:
-    """`b`: B's value when it is one matrix for every row: a constant one comes prepacked."""
-    mr, nr = choose_variant(M, N)
+def _gemm(nb, M, K, N, a_off, b_off, ctx, b=None, m=None) -> list[str]:
+    """`b`: B's value when it is one matrix for every row: a constant one comes prepacked.
+    `m`: M's hint where M is a run-time size (the micro-kernel is chosen for it)."""
+    mr, nr = choose_variant(M if isinstance(M, int) else m, N)
     packed = ctx.prepacked(b, nr) if b is not None else None
     if packed is not None:   # weights packed once, ahead of time: the driver reads the panels in place
         source, packer = f"const ck_prepacked k_bm = {{ {packed}, {-(-N // nr) * nr} }};\n", "0"
     else:
         source, packer = f"const ck_mat k_bm = {{ k_b + {b_off}, {N}, {N}, 0 }};\n", f"ck_packb_mat_{nr}"
     call = (source + f"ck_sgemm_{mr}x{nr}(k_m1 - k_m0, k_n1 - k_n0, {K}, k_a + {a_off} + k_m0 * {K}, {K}, {packer}, "
-            f"&k_bm, k_n0, k_c + k_bi * {M * N} + k_m0 * {N}, {N}, {N}, 0, 0);")
+            f"&k_bm, k_n0, k_c + k_bi * {product(M, N)} + k_m0 * {N}, {N}, {N}, 0, 0);")
     return gemm_tiles(nb, M, N, mr, nr, ctx, call)
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from cocktailer.codegen.kernels.common import (block, broadcast_strides, collapse, convert, grain, map_kernel, numel,
-                                               offset_expr, split, strided_copy, strides_of)
+from cocktailer.codegen.kernels.common import (block, broadcast_strides, c_shape, ceil_div, collapse, convert, grain,
+                                               map_kernel, numel, offset_expr, product, split, strided_copy,
+                                               strides_of)
 from cocktailer.codegen.kernels.context import KernelContext, ctype
-from cocktailer.ir import Operation, Value
+from cocktailer.ir import Operation, SymbolicSizeError, Value
 
 INT_INDEX = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -41,11 +42,11 @@ TILE = 32
 
 def render_permute(op: Operation, ctx: KernelContext) -> str:
     x, out = op.operands[0], op.results[0]
-    st = strides_of(x.type.shape)
+    st = strides_of(c_shape(ctx, x.type.shape))
     strides = [st[d] for d in op.attrs["dims"]]
-    shape = tuple(out.type.shape)
+    shape = c_shape(ctx, out.type.shape)
     sizes, (sts,) = collapse(shape, [strides])
-    if len(sizes) >= 2 and sts[-2] == 1 and sts[-1] != 1 and numel(shape):
+    if len(sizes) >= 2 and sts[-2] == 1 and sts[-1] != 1 and numel(shape) != 0:
         return _transpose(ctx, x, out, sizes, sts)
     return strided_copy(ctx, out, ctx.ptr(x), x.type.dtype, "0", shape, strides)
 
@@ -54,14 +55,14 @@ def _transpose(ctx: KernelContext, x: Value, out: Value, sizes, sts) -> str:
     """out[..., r, c] = x[... + r + c * sc]: tiles of TILE x TILE, so both sides touch whole lines."""
     R, C, sc = sizes[-2], sizes[-1], sts[-1]
     outer, osts = sizes[:-2], sts[:-2]
-    tr, tc = -(-R // TILE), -(-C // TILE)
+    tr, tc = ceil_div(R, TILE), ceil_div(C, TILE)
     T = ctype(out.type.dtype)
     return block(f"{T}* k_y = {ctx.ptr(out)}; const {T}* k_x = {ctx.ptr(x)};",
-                 split(ctx, numel(outer) * tr * tc, 1),
+                 split(ctx, product(numel(outer), tr, tc), 1),
                  "for (int64_t k_t = k_lo; k_t < k_hi; ++k_t) {",
-                 f"const int64_t k_o = k_t / {tr * tc}, k_rt = (k_t / {tc}) % {tr}, k_ct = k_t % {tc};",
+                 f"const int64_t k_o = k_t / {product(tr, tc)}, k_rt = (k_t / {tc}) % {tr}, k_ct = k_t % {tc};",
                  f"const {T}* k_p = k_x + {offset_expr('k_o', outer, osts) if outer else '0'};",
-                 f"{T}* k_q = k_y + k_o * {R * C};",
+                 f"{T}* k_q = k_y + k_o * {product(R, C)};",
                  f"const int64_t k_r1 = CK_MIN({R}, (k_rt + 1) * {TILE}), k_c1 = CK_MIN({C}, (k_ct + 1) * {TILE});",
                  f"for (int64_t k_c = k_ct * {TILE}; k_c < k_c1; ++k_c)",
                  f"for (int64_t k_r = k_rt * {TILE}; k_r < k_r1; ++k_r) k_q[k_r * {C} + k_c] = k_p[k_r + k_c * {sc}];",
@@ -70,13 +71,15 @@ def _transpose(ctx: KernelContext, x: Value, out: Value, sizes, sts) -> str:
 
 def render_cat(op: Operation, ctx: KernelContext) -> str:
     out = op.results[0]
-    shape = tuple(out.type.shape)
+    shape = c_shape(ctx, out.type.shape)
     n = numel(shape)
     if n == 0:
         return ""
     d = op.attrs["dim"] % len(shape)
     inner = numel(shape[d + 1:])
-    row = shape[d] * inner
+    row = product(shape[d], inner)
+    if isinstance(row, str):   # where each operand's part of a row starts: numbers only
+        raise SymbolicSizeError(out.type.syms, "a concatenation along or inside a symbolic dim")
     T = ctype(out.type.dtype)
     lines = [f"{T}* k_y = {ctx.ptr(out)};", split(ctx, n, grain(out.type.dtype)),
              "for (int64_t k_i = k_lo; k_i < k_hi; ) {",
@@ -103,27 +106,37 @@ def render_cat(op: Operation, ctx: KernelContext) -> str:
 # -- SELECT / UPDATE -------------------------------------------------------------------------
 
 def _view(op: Operation, x: Value, dynamic: list[Value], ctx: KernelContext):
-    """Resolve the key into (checks: C lines, base: C expr, sizes, strides) of the view x[key]."""
-    shape = tuple(x.type.shape)
+    """Resolve the key into (checks: C lines, base: C expr, sizes, strides) of the view x[key].
+    An index into a dim of a symbolic size is wrapped and checked at run time, as a ("dyn",)
+    one is; a slice of such a dim takes all of it (type inference allows no other)."""
+    syms = tuple(x.type.shape)
+    shape = c_shape(ctx, syms)
     st = strides_of(shape)
     checks, base, sizes, strides = [], [], [], []
     dim, dyn = 0, iter(dynamic)
     for item in op.attrs["key"]:
         kind = item[0]
-        if kind == "slice":
+        if kind == "slice" and isinstance(shape[dim], str):
+            if slice(*item[1:]).indices(_PROBE) != (0, _PROBE, 1):
+                raise SymbolicSizeError(syms[dim], "a slice of part of a dim")
+            sizes.append(shape[dim])
+            strides.append(st[dim])
+            dim += 1
+        elif kind == "slice":
             start, stop, step = slice(*item[1:]).indices(shape[dim])
             sizes.append(len(range(start, stop, step)))
-            strides.append(step * st[dim])
-            base.append(str(start * st[dim]))
+            strides.append(product(step, st[dim]))
+            base.append(str(product(start, st[dim])))
             dim += 1
-        elif kind == "int":
-            base.append(str((item[1] % shape[dim]) * st[dim]))
+        elif kind == "int" and not isinstance(shape[dim], str):
+            base.append(str(product(item[1] % shape[dim], st[dim])))
             dim += 1
-        elif kind == "dyn":
-            v = next(dyn)
+        elif kind in ("dyn", "int"):
+            index = f"(int64_t){ctx.ptr(next(dyn))}[0]" if kind == "dyn" else str(item[1])
             name = ctx.fresh("k_dyn")
-            checks.append(f"const int64_t {name} = ck_wrap((int64_t){ctx.ptr(v)}[0], {ctx.size(shape[dim])});")
-            checks.append(f"if ({name} < 0) {ctx.fail(f'index out of range for dimension {dim} of size {str(shape[dim])}')}")
+            checks.append(f"const int64_t {name} = ck_wrap({index}, {shape[dim]});")
+            message = f"index out of range for dimension {dim} of size {str(syms[dim])}"
+            checks.append(f"if ({name} < 0) {ctx.fail(message)}")
             base.append(f"{name} * {st[dim]}")
             dim += 1
         elif kind == "new":
@@ -136,20 +149,25 @@ def _view(op: Operation, x: Value, dynamic: list[Value], ctx: KernelContext):
     return checks, " + ".join(base) if base else "0", sizes, strides
 
 
+_PROBE = 1 << 40   # a slice that takes all of this many takes all of any size
+
+
 def render_select(op: Operation, ctx: KernelContext) -> str:
     x, out = op.operands[0], op.results[0]
     checks, base, sizes, strides = _view(op, x, op.operands[1:], ctx)
-    assert numel(sizes) == numel(out.type.shape), (sizes, out.type.shape)
+    assert str(numel(sizes)) == str(numel(c_shape(ctx, out.type.shape))), (sizes, out.type.shape)
     return block(*checks, strided_copy(ctx, out, ctx.ptr(x), x.type.dtype, base, sizes, strides))
 
 
 def render_update(op: Operation, ctx: KernelContext) -> str:
     x, v = op.operands[:2]
     out = op.results[0]
-    n = numel(out.type.shape)
+    n = numel(c_shape(ctx, out.type.shape))
     if n == 0:
         return ""
     checks, base, sizes, strides = _view(op, x, op.operands[2:], ctx)
+    if v.type.syms or any(isinstance(d, str) for d in sizes):   # the region written: numbers only
+        raise SymbolicSizeError(v.type.syms or x.type.syms, "an update of a region of a symbolic size")
     T = ctype(out.type.dtype)
     lines = [*checks, f"{T}* k_y = {ctx.ptr(out)}; const {T}* k_x = {ctx.ptr(x)};",
              f"const {ctype(v.type.dtype)}* k_v = {ctx.ptr(v)};",

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from cocktailer.codegen.kernels.common import block, convert, grain, is_float, lit, numel, split, strides_of
+from cocktailer.codegen.kernels.common import (block, c_shape, ceil_div, convert, grain, is_float, lit, numel, product,
+                                               split, strides_of)
 from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.ir import Op, Operation
 
@@ -28,7 +29,7 @@ def _groups(shape, reduced: set[int]) -> list[tuple[int, bool, int]]:
             continue
         r = d in reduced
         if out and out[-1][1] == r:
-            out[-1][0] *= size
+            out[-1][0] = product(out[-1][0], size)
             out[-1][2] = st[d]
         else:
             out.append([size, r, st[d]])
@@ -54,7 +55,7 @@ def _offset(index: str, groups: list[tuple[int, bool, int]]) -> str:
         if i > 0:
             idx = f"({idx} % {size})"
         terms.append(f"{idx} * {stride}")
-        after *= size
+        after = product(after, size)
     return " + ".join(reversed(terms)) if terms else "0"
 
 
@@ -116,14 +117,15 @@ def _finish(kind: Op, acc: str, count: int, dst: torch.dtype, nan: str | None) -
 def render_reduce(op: Operation, ctx: KernelContext) -> str:
     x, out = op.operands[0], op.results[0]
     src, dst, kind = x.type.dtype, out.type.dtype, op.op
-    n_out = numel(out.type.shape)
+    shape = c_shape(ctx, x.type.shape)
+    n_out = numel(c_shape(ctx, out.type.shape))
     if n_out == 0:
         return ""
     acc_t, init, update, clause, nan = _spec(kind, src, dst)
-    groups = _groups(x.type.shape, _reduced_dims(op)) or [(1, False, 1)]
-    count = numel([g[0] for g in groups if g[1]]) if numel(x.type.shape) else 0
+    groups = _groups(shape, _reduced_dims(op)) or [(1, False, 1)]
+    count = numel([g[0] for g in groups if g[1]]) if numel(shape) != 0 else 0
     head = [f"const {ctype(src)}* k_x = {ctx.ptr(x)};", f"{ctype(dst)}* k_y = {ctx.ptr(out)};"]
-    if count == 0 or numel(x.type.shape) == 0:   # empty reduction: the identity (MEAN: nan)
+    if count == 0 or numel(shape) == 0:   # empty reduction: the identity (MEAN: nan)
         value = lit(float("nan"), dst) if kind is Op.MEAN else f"({ctype(dst)}){init}"
         return block(*head, split(ctx, n_out, grain(dst)),
                      f"for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_y[k_i] = {value};")
@@ -147,11 +149,10 @@ def render_reduce(op: Operation, ctx: KernelContext) -> str:
         return block(*lines)
     # column pattern: the innermost run is kept
     inner = groups[-1][0]
-    ch = min(inner, CHUNK)
-    nch = -(-inner // ch)
+    ch, nch = _chunks(inner)
     outer_kept = kept[:-1]
     reds = [g for g in groups if g[1]]
-    n_tasks = numel([g[0] for g in outer_kept]) * nch
+    n_tasks = product(numel([g[0] for g in outer_kept]), nch)
     nan_decl = f"uint8_t k_nan[{ch}] = {{0}};" if nan else ""
     nan_upd = " k_nan[k_j] |= k_p[k_j] != k_p[k_j];" if nan else ""
     body = [f"const {ctype(src)}* k_p = k_x + k_off + k_j0;",
@@ -173,7 +174,13 @@ def render_reduce(op: Operation, ctx: KernelContext) -> str:
 
 # -- ARGMAX / ARGMIN ---------------------------------------------------------------------------
 
-def _outer_d_inner(shape, dim: int | None) -> tuple[int, int, int]:
+def _chunks(inner) -> tuple[int, "int | str"]:
+    """Columns per chunk (a number: the accumulators' array) and the number of chunks."""
+    ch = CHUNK if isinstance(inner, str) else min(inner, CHUNK)
+    return ch, ceil_div(inner, ch)
+
+
+def _outer_d_inner(shape, dim: int | None) -> tuple:
     if dim is None:
         return 1, numel(shape), 1
     dim %= max(len(shape), 1)
@@ -186,8 +193,8 @@ def render_argreduce(op: Operation, ctx: KernelContext) -> str:
     """First index of the max (min); a NaN counts as larger (smaller) than everything."""
     x, out = op.operands[0], op.results[0]
     src = x.type.dtype
-    outer, d, inner = _outer_d_inner(x.type.shape, op.attrs.get("dim"))
-    n_out = outer * inner
+    outer, d, inner = _outer_d_inner(c_shape(ctx, x.type.shape), op.attrs.get("dim"))
+    n_out = product(outer, inner)
     if n_out == 0:
         return ""
     cmp = ">" if op.op is Op.ARGMAX else "<"
@@ -196,7 +203,7 @@ def render_argreduce(op: Operation, ctx: KernelContext) -> str:
     return block(*head, split(ctx, n_out, grain(torch.int64)),
                  "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) {",
                  f"const int64_t k_r = k_i / {inner}, k_c = k_i - k_r * {inner};",
-                 f"const {ctype(src)}* k_p = k_x + k_r * {d * inner} + k_c;",
+                 f"const {ctype(src)}* k_p = k_x + k_r * {product(d, inner)} + k_c;",
                  f"{ctype(src)} k_b = k_p[0]; int64_t k_at = 0;",
                  f"for (int64_t k_j = 1; k_j < {d}; ++k_j) {{",
                  f"const {ctype(src)} k_v = k_p[k_j * {inner}];",
@@ -212,8 +219,8 @@ def render_softmax(op: Operation, ctx: KernelContext) -> str:
     """exp(x - max) / sum (LOG: x - max - log(sum)); one row (or chunk of columns) per task."""
     x, out = op.operands[0], op.results[0]
     dt = out.type.dtype
-    outer, d, inner = _outer_d_inner(x.type.shape, op.attrs["dim"])
-    if outer * d * inner == 0:
+    outer, d, inner = _outer_d_inner(c_shape(ctx, x.type.shape), op.attrs["dim"])
+    if product(outer, d, inner) == 0:
         return ""
     f32 = dt is torch.float32
     T = ctype(dt)
@@ -236,8 +243,7 @@ def render_softmax(op: Operation, ctx: KernelContext) -> str:
                      ctx.simd("+:k_s"),
                      f"for (int64_t k_j = 0; k_j < {d}; ++k_j) {{ const {T} k_e = {exp}(k_p[k_j] - k_m); {store}k_s += k_e; }}",
                      *tail, "}")
-    ch = min(inner, CHUNK)
-    nch = -(-inner // ch)
+    ch, nch = _chunks(inner)
     loop_d = f"for (int64_t k_t = 0; k_t < {d}; ++k_t)"
     at = f"k_t * {inner} + k_j"
     if log_sm:
@@ -248,11 +254,12 @@ def render_softmax(op: Operation, ctx: KernelContext) -> str:
         last = [f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_s[k_j] = {one} / k_s[k_j];",
                 loop_d + " {", ctx.simd(), f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_q[{at}] *= k_s[k_j];", "}"]
         store = f"k_q[{at}] = k_e; "
-    return block(*head, split(ctx, outer * nch, 1),
+    return block(*head, split(ctx, product(outer, nch), 1),
                  "for (int64_t k_task = k_lo; k_task < k_hi; ++k_task) {",
                  f"const int64_t k_r = k_task / {nch}, k_j0 = (k_task - k_r * {nch}) * {ch};",
                  f"const int64_t k_n = CK_MIN({ch}, {inner} - k_j0);",
-                 f"const {T}* k_p = k_x + k_r * {d * inner} + k_j0; {T}* k_q = k_y + k_r * {d * inner} + k_j0;",
+                 f"const {T}* k_p = k_x + k_r * {product(d, inner)} + k_j0;",
+                 f"{T}* k_q = k_y + k_r * {product(d, inner)} + k_j0;",
                  f"{T} k_m[{ch}], k_s[{ch}];",
                  f"for (int64_t k_j = 0; k_j < {ch}; ++k_j) {{ k_m[k_j] = {ninf}; k_s[k_j] = 0; }}",
                  loop_d + " {", ctx.simd(),
