@@ -181,8 +181,9 @@ def test_a_loop_over_a_sequence_runs_for_its_length_at_call_time(backend):
 
 @pytest.mark.parametrize("name", ["lstm", "nasrnn"])
 def test_an_rnn_whose_input_projection_is_hoisted_runs_every_length_on_one_program(name):
-    """The cpu backend computes x[t] @ W_ih for all t as one GEMM before the loop: with the
-    length symbolic, the product has a symbolic number of rows (sized at call time in the
+    """The cpu backend splits a stacked RNN's time loop per layer and computes each layer's
+    x[t] @ W_ih for all t as one GEMM before its loop: with the length symbolic, the stacked
+    outputs and the product have a symbolic number of rows (sized at call time in the
     arena, the GEMM's M a run-time size). One program serves every length, the arena grows
     for a longer sequence than any before, and shorter ones after it stay right."""
     from cocktailer import models
@@ -197,6 +198,8 @@ def test_an_rnn_whose_input_projection_is_hoisted_runs_every_length_on_one_progr
     if "cpu" in backends_under_test():
         text = cocktailer.explain(fast)
         assert re.search(r"= matmul %\d+, %\d+ : f32\[s0,", text), "the hoisted GEMM over all steps"
+        if name == "lstm":   # the time loop split per layer, each passing its outputs on stacked
+            assert re.search(r"stack\(last 1 yields\) \{.*\n(.*\n)*?  \} : \(.*f32\[s0,1,8\]\)", text)
 
 
 def test_a_length_used_in_arithmetic_is_specialized_and_a_range_of_it_is_not():

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from cocktailer.ir.ops import CONTROL, Op
-from cocktailer.ir.program import Operation, Program, Region
+from cocktailer.ir.program import Function, Operation, Program, Region
 
 HasKernel = Callable[[Operation], bool]
 
@@ -160,3 +160,12 @@ def unrollable(op: Operation) -> bool:
     """An innermost loop with a trip count, no exit condition and no stacked outputs."""
     return (op.op is Op.LOOP and op.loop_trip is not None and op.loop_cond is None and not op.loop_stacked
             and not any(inner.op is Op.LOOP for inner in op.loop_body.walk()))
+
+
+def known_trip_counts(fn: Function) -> dict:
+    """Values a loop may take as its trip count that are known before it runs, by value id:
+    numbers (SCALAR), and symbolic sizes (a DIM of a symbolic dim: the Sym)."""
+    trips = {op.results[0].id: op.attrs["value"] for op in fn.body.walk() if op.op is Op.SCALAR}
+    trips.update((op.results[0].id, op.operands[0].type.shape[op.attrs["dim"]])
+                 for op in fn.body.walk() if op.op is Op.DIM)
+    return trips

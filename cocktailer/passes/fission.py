@@ -12,35 +12,36 @@ How: the body's ops form a graph (an op reads another's result in the same step,
 it carried from the previous step); its strongly connected components that contain a carried
 edge are the recurrences. Each becomes a loop, in topological order; an op outside every
 recurrence joins the first recurrence that needs it (or the last loop). Applied to loops with
-a constant trip count and no exit condition, whose carried values are each produced and read
+a trip count known before they run (a number, or a symbolic size: the stacked values then
+have that many rows) and no exit condition, whose carried values are each produced and read
 within one recurrence; anything else is left alone.
 """
 from __future__ import annotations
 
-from cocktailer.ir import INDEX, Op, Operation, Program, Region, TensorType, Value
+from cocktailer.ir import INDEX, Op, Operation, Program, Region, Sym, TensorType, Value
+from cocktailer.ir.analysis import known_trip_counts
 from cocktailer.ir.program import replace_uses
 
 
 def distribute_loops(program: Program) -> Program:
     for fn in program.functions.values():
-        scalars = {op.results[0].id: op.attrs["value"] for op in fn.body.walk() if op.op is Op.SCALAR}
-        _distribute_region(fn.body, scalars)
+        _distribute_region(fn.body, known_trip_counts(fn))
     return program
 
 
-def _distribute_region(region: Region, scalars: dict):
+def _distribute_region(region: Region, trips: dict):
     """Inner loops first: distributing a loop moves its body's ops (inner loops included) into
     new regions and renames what they read, so a nested loop is split where it ends up."""
     ops: list[Operation] = []
     for op in region.ops:
         for inner in op.regions:
-            _distribute_region(inner, scalars)
-        ops += (_distribute(op, scalars) or [op]) if op.op is Op.LOOP else [op]
+            _distribute_region(inner, trips)
+        ops += (_distribute(op, trips) or [op]) if op.op is Op.LOOP else [op]
     region.ops = ops
 
 
-def _distribute(loop: Operation, scalars: dict) -> list[Operation] | None:
-    if loop.loop_cond is not None or loop.loop_trip is None or loop.loop_stacked or loop.loop_trip.id not in scalars:
+def _distribute(loop: Operation, trips: dict) -> list[Operation] | None:
+    if loop.loop_cond is not None or loop.loop_trip is None or loop.loop_stacked or loop.loop_trip.id not in trips:
         return None
     body = loop.loop_body
     ops, carried = body.ops, body.params[1:]
@@ -55,7 +56,8 @@ def _distribute(loop: Operation, scalars: dict) -> list[Operation] | None:
     for j, p in enumerate(carried):
         if any(stage[k] != home[j] for k, op in enumerate(ops) if p.id in {v.id for v in op.reads()}):
             return None   # a recurrence reads another one's previous step
-    return _build(loop, int(scalars[loop.loop_trip.id]), stage, home, producer)
+    steps = trips[loop.loop_trip.id]
+    return _build(loop, steps if isinstance(steps, Sym) else int(steps), stage, home, producer)
 
 
 def _graph(ops, carried, yields, producer) -> list[set[int]]:
@@ -127,7 +129,7 @@ def _sccs(n: int, succ: list[set[int]]) -> list[list[int]]:
     return out
 
 
-def _build(loop: Operation, steps: int, stage: list[int], home: list[int], producer: dict) -> list[Operation]:
+def _build(loop: Operation, steps: "int | Sym", stage: list[int], home: list[int], producer: dict) -> list[Operation]:
     body = loop.loop_body
     ops, counter, carried = body.ops, body.params[0], body.params[1:]
     n_stages = max(stage) + 1

@@ -14,14 +14,12 @@ call time and the GEMM takes its rows as a run-time size.
 from __future__ import annotations
 
 from cocktailer.ir import Op, Operation, Program, TensorType, Value
+from cocktailer.ir.analysis import known_trip_counts
 
 
 def hoist_invariant_matmuls(program: Program) -> Program:
     for fn in program.functions.values():
-        # trip counts known at compile time: numbers, and symbolic sizes (a Sym)
-        trips = {op.results[0].id: op.attrs["value"] for op in fn.body.walk() if op.op is Op.SCALAR}
-        trips.update((op.results[0].id, op.operands[0].type.shape[op.attrs["dim"]])
-                     for op in fn.body.walk() if op.op is Op.DIM)
+        trips = known_trip_counts(fn)
         for region in list(fn.body.regions()):
             ops: list[Operation] = []
             for op in region.ops:
