@@ -348,3 +348,54 @@ def test_a_constant_index_past_the_end_of_this_calls_length_is_an_error_not_a_re
         assert symbolic_programs(fast)
         with torch.no_grad(), pytest.raises((cocktailer.CompiledCallError, IndexError)):
             fast(torch.randn(3, 4))
+
+
+# --------------------------------------------------------------------------- lists grown in a loop
+
+W_STEP = torch.randn(4, 4, generator=torch.Generator().manual_seed(2)) * 0.5
+
+
+def stacked_outputs(x):
+    """The idiom of hand-written RNNs: a list appended one output per step, stacked after."""
+    h, outs = torch.zeros(4), []
+    for t in range(x.shape[0]):
+        h = torch.tanh(W_STEP @ h + x[t])
+        outs.append(h)
+    return torch.stack(outs), outs[-1]
+
+
+def concatenated_rows(x):
+    h, outs = torch.zeros(1, 4), []
+    for t in range(len(x)):
+        h = torch.tanh(h @ W_STEP + x[t].unsqueeze(0))
+        outs.append(h)
+    return torch.cat(outs).sum(0)
+
+
+def reads_what_it_appended(x):
+    """The body reads the list it grows: its rows are not Python values in a compiled loop,
+    so each length compiles its own (unrolled) program, and every answer stays right."""
+    outs = []
+    for t in range(x.shape[0]):
+        prev = outs[-1] if outs else torch.zeros(4)
+        outs.append(torch.tanh(prev + x[t]))
+    return torch.stack(outs)
+
+
+def returns_the_list(x):
+    outs = []
+    for t in range(x.shape[0]):
+        outs.append(x[t] * 2)
+    return outs
+
+
+@pytest.mark.parametrize("fn, symbolic", [(stacked_outputs, True), (concatenated_rows, True),
+                                          (reads_what_it_appended, False), (returns_the_list, False)])
+def test_a_list_appended_once_per_step_of_a_symbolic_loop_is_its_stacked_output(fn, symbolic):
+    for backend in backends_under_test():
+        fast = cocktailer.compile(fn, backend=backend)
+        run_all(fast, fn, [(cocktailer.mark_dynamic(x, 0),) for (x,) in lengths(5, 9, 3, 12)])
+        assert length_is_symbolic(fast) == symbolic, (fn.__name__, backend)
+        if symbolic:
+            (program,) = symbolic_programs(fast)
+            assert "stack(last 1 yields)" in str(program) and "f32[s0,4]" in str(program)

@@ -17,6 +17,7 @@ from cocktailer.errors import (CocktailerError, InternalError, UnsupportedError,
                                is_user_file, raised_by_user_code)
 from cocktailer.frontend import attributes, modules
 from cocktailer.frontend import context
+from cocktailer.frontend.control import StackedList
 from cocktailer.frontend.convert import convert
 from cocktailer.frontend.lowering import lower_call
 from cocktailer.frontend.alias import Storage
@@ -338,6 +339,8 @@ def _check_outputs(out: list, loc):
     """Tensors, and Python values that do not hold any (an object holding a captured tensor
     would leave the call with a capture-time stand-in in it)."""
     for x in out:
+        if isinstance(x, StackedList):   # its length is the loop's symbolic trip count
+            raise SymbolicSizeError(x.size, "returning a list grown in a loop")
         if not isinstance(x, (torch.Tensor, *_PLAIN_RESULTS)):
             raise UnsupportedError(f"returning a `{type(x).__name__}` object", loc,
                                    hint="return tensors and Python values in tuples, lists, dicts or named tuples")

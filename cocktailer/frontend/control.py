@@ -18,7 +18,7 @@ from cocktailer.frontend import context
 from cocktailer.frontend.merge import Plan, ShapeMergeError, Side, build, make_plan, on_side, resolve, side_values
 from cocktailer.frontend.tracer import (Proxy, Region, RegionInfo, Restart, SizeProxy, Tracer, Undefined, is_proxy,
                                        type_of)
-from cocktailer.ir import INDEX, Op, TensorType, Value
+from cocktailer.ir import INDEX, Op, SymbolicSizeError, TensorType, Value
 
 INTERNAL_PREFIX = "__ct_"
 RETURN_VALUE = "__ct_retval"
@@ -289,6 +289,8 @@ def len_(x):
     where that size is symbolic, so the loop runs for the call's length); else len()."""
     if isinstance(x, torch.Tensor) and x.dim() > 0:
         return x.shape[0]
+    if isinstance(x, StackedList):
+        return x.rows.shape[0]
     return len(x)
 
 
@@ -322,8 +324,10 @@ def for_stmt(iterable, body_fn: Callable, cond_fn: Callable | None, state: tuple
         body_fn = lambda i, *s: inner(element(i), *s)
     if not eager and isinstance(iterable, (range, SymRange)) and key not in t.hints["unroll"]:
         trip, to_var = _range_trip(t, iterable)
+        rows = iterable.stop.sym if isinstance(iterable, SymRange) and isinstance(iterable.stop, SizeProxy) and \
+            iterable.start == 0 and iterable.step == 1 and cond_fn is None else None
         out = _trace_loop(lambda i, *s: body_fn(to_var(i), *s), cond_fn, state, names, key, trip,
-                          static_trip=isinstance(iterable, range), rebound=rebound)
+                          static_trip=isinstance(iterable, range), rebound=rebound, rows=rows)
         return _update_originals(state, out, names, in_place)
     if isinstance(iterable, SymRange):
         raise UnsupportedError("a loop over range(<tensor>) whose body needs Python values (it indexes a list "
@@ -394,13 +398,16 @@ class _LoopState:
     variables: list          # the state variables' names
     head: Plan
     written: list = field(default_factory=list)
+    rows: Any = None         # the Sym of a symbolic trip count: lists the body appends to are stacked
+    stacked: list = field(default_factory=list)   # indices of those variables (empty lists before the loop)
 
 
 def _trace_loop(body_fn, cond_fn, state: tuple, names: Sequence[str], key, trip: Value | None,
-                static_trip: bool = False, rebound=()):
+                static_trip: bool = False, rebound=(), rows=None):
     t = context.tracer()
     info = lambda kind: RegionInfo(kind, context.loc(key), key, static_trip)
     loop = _loop_state(t, state, names, rebound)
+    loop.rows = rows
     try:
         for _ in range(len(loop.leaves) + 64):
             body = _trace_body(t, body_fn, loop, info("body"))
@@ -416,16 +423,21 @@ def _trace_loop(body_fn, cond_fn, state: tuple, names: Sequence[str], key, trip:
     init = _side(t, t.region, loop.leaves)
     inits = side_values(t, loop.head, init, resolve(init, list(loop.head.leaves), 0, lambda s: True))
     inits += [t.storage_value(s) for s in loop.written]
+    stacked = [TensorType((loop.rows, *y.type.shape), y.type.dtype) for y in body.yields[len(inits):]]
     results = t.emit(Op.LOOP, ([trip] if trip is not None else []) + inits,
-                     {"has_trip": trip is not None, "has_cond": cond_fn is not None},
-                     result_types=[v.type for v in inits], regions=regions, loc=context.loc(key))
+                     {"has_trip": trip is not None, "has_cond": cond_fn is not None, "stacked": len(stacked)},
+                     result_types=[v.type for v in inits] + stacked, regions=regions, loc=context.loc(key))
+    results, stacks = results[:len(inits)], results[len(inits):]
     n = len(results) - len(loop.written)
     for s, value in zip(loop.written, results[n:]):
         t.assign(s, value, propagate=False)   # the body wrote the memory it shares already
     out = list(loop.leaves)
     for i, proxy in build(t, loop.head, results[:n]).items():
         out[i] = proxy
-    return pytree.unflatten(loop.spec, out)
+    variables = list(pytree.unflatten(loop.spec, out))
+    for k, value in zip(loop.stacked, stacks):
+        variables[k] = StackedList(t.fresh(value), loop.rows)
+    return tuple(variables)
 
 
 def _loop_state(t: Tracer, state: tuple, names: Sequence[str], rebound) -> _LoopState:
@@ -462,7 +474,11 @@ def _trace_body(t: Tracer, body_fn, loop: _LoopState, info: RegionInfo) -> Regio
     with t.in_region(region, info) as log:
         try:
             index, inner = _bind(t, region, loop)
-            out_leaves, out_spec = pytree.flatten(tuple(body_fn(index, *pytree.unflatten(loop.spec, inner))))
+            variables = list(pytree.unflatten(loop.spec, inner))
+            for k in loop.stacked:
+                variables[k] = _Rows(loop.variables[k], info)
+            outs, rows = _take_rows(loop, tuple(body_fn(index, *variables)), info)
+            out_leaves, out_spec = pytree.flatten(outs)
             if out_spec != loop.spec:
                 _restructure(loop, out_leaves, out_spec, info)
                 return None
@@ -479,6 +495,7 @@ def _trace_body(t: Tracer, body_fn, loop: _LoopState, info: RegionInfo) -> Regio
             if not new_written and not unchanged and loop.head.covers(plan):
                 region.yields = side_values(t, loop.head, end, resolve(end, list(loop.head.leaves), 1, is_outer))
                 region.yields += [t.storage_value(s) for s in loop.written]
+                region.yields += [t.value_of(row) for row in rows]
                 return region
         finally:   # what the body wrote is undone: the loop's results stand for it afterwards
             t.set_state(t.outer_writes(log, region))
@@ -493,15 +510,101 @@ def _restructure(loop: _LoopState, out_leaves: list, out_spec, info: RegionInfo)
     `return` inside a loop): it enters the loop as that structure of unassigned leaves."""
     before = pytree.unflatten(loop.spec, loop.leaves)
     after = pytree.unflatten(out_spec, out_leaves)
-    for name, b, a in zip(loop.variables, before, after):
-        if not isinstance(b, Undefined) and pytree.flatten(b)[1] != pytree.flatten(a)[1]:
+    for k, (name, b, a) in enumerate(zip(loop.variables, before, after)):
+        if loop.rows is not None and _appends_one_row(b, a):   # `outs.append(h)`: the loop's stacked output
+            loop.stacked.append(k)
+        elif not isinstance(b, Undefined) and pytree.flatten(b)[1] != pytree.flatten(a)[1]:
             _cannot_carry(info, f"variable `{name}` changes its Python structure (list length, tuple size) in the body")
+    if loop.stacked:
+        after = tuple([] if k in loop.stacked else a for k, a in enumerate(after))
     state = tuple(pytree.tree_map(lambda _, u=b: Undefined(u.name), a) if isinstance(b, Undefined) else b
                   for b, a in zip(before, after))
     names = [n for n, s in zip(loop.variables, state) for _ in range(pytree.flatten(s)[1].num_leaves)]
     loop.leaves, loop.spec = pytree.flatten(state)
     loop.names = names
     loop.head = Plan()
+
+
+def _appends_one_row(before, after) -> bool:
+    return type(before) is list and not before and type(after) is list and len(after) == 1 and \
+        isinstance(after[0], torch.Tensor)
+
+
+def _take_rows(loop: _LoopState, outs: tuple, info: RegionInfo) -> tuple[tuple, list]:
+    """The variables a body left, with the lists it appended a row to emptied again, and the rows."""
+    if not loop.stacked:
+        return outs, []
+    rows = []
+    for k in loop.stacked:
+        if not isinstance(outs[k], _Rows) or outs[k].row is None:
+            _cannot_carry(info, f"variable `{loop.variables[k]}` is appended one tensor in some iterations only")
+        rows.append(outs[k].row)
+    return tuple([] if k in loop.stacked else v for k, v in enumerate(outs)), rows
+
+
+class _Rows:
+    """What the body of a loop over a symbolic size sees of a list it appends one tensor to:
+    it may append that tensor, and nothing else (a read would see the rows of earlier
+    iterations, which are not Python values here)."""
+
+    def __init__(self, name: str, info: RegionInfo):
+        self._name, self._info, self.row = name, info, None
+
+    def append(self, row):
+        if self.row is not None or not isinstance(row, torch.Tensor):
+            self._refuse()
+        self.row = row
+
+    def _refuse(self, *_, **__):
+        _cannot_carry(self._info, f"the body does more with list `{self._name}` than append one tensor to it")
+
+    __len__ = __bool__ = __iter__ = __getitem__ = __setitem__ = __contains__ = __add__ = __iadd__ = _refuse
+
+    def __getattr__(self, name):   # a list's other methods (dunder lookups are Python's and others' probes)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._refuse()
+
+
+class StackedList:
+    """A list a loop over a symbolic size appended one tensor to per iteration: its rows, one
+    tensor of that many rows (the loop's stacked output). `torch.stack(lst)`, `torch.cat(lst)`
+    of rows of one leading row, `lst[i]` and `len(lst)` in a range() bound read it; anything
+    else needs its length as a number (capture specializes that size and unrolls the loop)."""
+
+    def __init__(self, rows: Proxy, size):
+        self.rows, self.size = rows, size
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            raise SymbolicSizeError(self.size, "a slice of a list grown in a loop")
+        return self.rows[index]
+
+    def __len__(self):
+        raise SymbolicSizeError(self.size, "len() of a list grown in a loop")
+
+    def __iter__(self):
+        raise SymbolicSizeError(self.size, "iterating over a list grown in a loop")
+
+    def __getattr__(self, name):   # append, extend, ...: a Python list's methods
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise SymbolicSizeError(self.size, f"`.{name}` of a list grown in a loop")
+
+
+def _stacked_call(f, args, kwargs):
+    """torch.stack / torch.cat of a StackedList (along dim 0), else None."""
+    if f not in (torch.stack, torch.cat) or not args or not isinstance(args[0], StackedList):
+        return None
+    rows, dim = args[0].rows, kwargs.get("dim", args[1] if len(args) > 1 else 0)
+    if set(kwargs) - {"dim"} or len(args) > 2 or dim != 0:
+        raise SymbolicSizeError(args[0].size, f"torch.{f.__name__} of a list grown in a loop, other than along dim 0")
+    if f is torch.cat:   # rows of one leading row each: the stack of those rows
+        if rows.dim() < 2 or rows.shape[1] != 1:
+            raise SymbolicSizeError(args[0].size, "torch.cat of a list grown in a loop by rows of several rows")
+        rows = rows[:, 0]
+    t = context.tracer()
+    return t.fresh(t.value_of(rows))   # new memory, as torch.stack gives
 
 
 def _check_carried(loop: _LoopState, out_leaves: list, changed: list[int], info: RegionInfo):
@@ -547,6 +650,9 @@ def call(f, *args, **kwargs):
         return torch.maximum(*_as_tensors(args)) if f is max else torch.minimum(*_as_tensors(args))
     if f is torch.autograd.Variable and args and is_proxy(args[0]):   # legacy: the same memory, detached
         return context.tracer().alias(args[0])
+    stacked = _stacked_call(f, args, kwargs)
+    if stacked is not None:
+        return stacked
     return context.current().call(f, args, kwargs)
 
 
