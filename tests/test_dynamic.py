@@ -399,3 +399,14 @@ def test_a_list_appended_once_per_step_of_a_symbolic_loop_is_its_stacked_output(
         if symbolic:
             (program,) = symbolic_programs(fast)
             assert "stack(last 1 yields)" in str(program) and "f32[s0,4]" in str(program)
+
+
+def test_values_of_one_symbolic_size_share_arena_slots_where_their_lifetimes_allow():
+    from cocktailer.schedule.memory import plan_memory
+    torch.manual_seed(0)
+    (x,) = lengths(6)[0]
+    program = cocktailer.capture(Encoder().eval(), (x,), dynamic=frozenset({(0, 0)}))
+    symbolic = [v for op in program.walk() for v in op.results if v.type.syms]
+    plan = plan_memory(program)
+    slots = {plan.of(v).offset for v in symbolic if plan.of(v).space == "dynamic"}
+    assert len(symbolic) >= 8 and len(slots) == len(plan.dynamic) <= len(symbolic) // 2

@@ -10,10 +10,11 @@
   copied into them), a loop's condition region reads the same buffers as its body;
 - branch results are buffers both branches copy their yields into;
 - loop counters and trip counts are per-worker slots ("locals"), one set per frame;
-- values of a symbolic size (`ir.Sym`: known at call time) each get a slot of their own after
-  the entry function's arena, never shared: the runtime computes their offsets from the
-  call's sizes and grows the arena when a call needs more than it has (`dynamic`). Inside
-  other (recursive) functions they have no place yet: planning raises SymbolicSizeError;
+- values of a symbolic size (`ir.Sym`: known at call time) get slots after the entry
+  function's arena, shared by values of the same size whose live intervals do not overlap:
+  the runtime computes the slots' offsets from the call's sizes and grows the arena when a
+  call needs more than it has (`dynamic`). Inside other (recursive) functions they have no
+  place yet: planning raises SymbolicSizeError;
 - calls that fan out (run at once by different worker groups) are live together: each one's
   operands until the last of them starts, the results from the first, so no group writes a
   buffer another group still reads; so are the ops of a wave that runs side by side
@@ -21,9 +22,10 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from cocktailer.ir import Function, Op, Operation, Program, Region, SymbolicSizeError, TensorType, Value
+from cocktailer.ir import Function, Op, Operation, Program, Region, Sym, SymbolicSizeError, TensorType, Value
 from cocktailer.ir.analysis import independent_call_runs
 from cocktailer.schedule.wavefront import co_scheduled
 
@@ -46,7 +48,7 @@ class MemoryPlan:
     frame_bytes: int = 0
     locals_per_frame: int = 0
     const_names: list[str] = field(default_factory=list)
-    dynamic: list[TensorType] = field(default_factory=list)   # per dynamic slot: its value's type
+    dynamic: list[TensorType] = field(default_factory=list)   # per dynamic slot: the type of its values
 
     def of(self, value: Value) -> Buffer:
         return self.buffers[value.id]
@@ -161,6 +163,27 @@ def _pack(intervals: _Intervals, ids: list[int]) -> tuple[dict[int, int], int]:
     return offsets, top
 
 
+def _dynamic_slots(intervals: _Intervals, ids: list[int], plan: MemoryPlan) -> dict[int, int]:
+    """Slots for values of symbolic sizes (new ones appended to plan.dynamic). Values of the
+    same size at every call (the same dtype size times numbers, and the same Syms) whose live
+    intervals do not overlap share a slot."""
+    slots: dict[int, int] = {}
+    free_after: dict[tuple, list[tuple[int, int]]] = {}   # size class -> (end of its last value, slot)
+    for vid in sorted(ids, key=lambda i: intervals.start[i]):
+        ty = intervals.values[vid].type
+        numbers = ty.dtype.itemsize * math.prod(d for d in ty.shape if not isinstance(d, Sym))
+        held = free_after.setdefault((numbers, tuple(sorted(s.name for s in ty.syms))), [])
+        reusable = [k for k, (end, _) in enumerate(held) if end < intervals.start[vid]]
+        if reusable:
+            _, slot = held.pop(reusable[0])
+        else:
+            slot = len(plan.dynamic)
+            plan.dynamic.append(ty)
+        slots[vid] = slot
+        held.append((intervals.end[vid], slot))
+    return slots
+
+
 def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool, waves: tuple,
                    passed_through: dict[int, Buffer] | None = None) -> int:
     intervals = _Intervals(fan_out, *waves)
@@ -204,13 +227,12 @@ def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool, wa
                 cond_aliases[c.id] = b.id
                 skip.add(c.id)
     in_place = _in_place_updates(fn, intervals, skip)
-    for vid, v in intervals.values.items():
-        if vid not in skip and vid not in in_place and v.type.syms:
-            if space != "arena":
-                raise SymbolicSizeError(v.type.syms, "a value inside a recursive function")
-            plan.buffers[vid] = Buffer("dynamic", len(plan.dynamic), None)
-            plan.dynamic.append(v.type)
-            skip.add(vid)
+    symbolic = [vid for vid, v in intervals.values.items() if vid not in skip and vid not in in_place and v.type.syms]
+    if symbolic and space != "arena":
+        raise SymbolicSizeError(intervals.values[symbolic[0]].type.syms, "a value inside a recursive function")
+    for vid, slot in _dynamic_slots(intervals, symbolic, plan).items():
+        plan.buffers[vid] = Buffer("dynamic", slot, None)
+        skip.add(vid)
     offsets, top = _pack(intervals, [v for v in intervals.values if v not in skip and v not in in_place])
     for vid, off in offsets.items():
         plan.buffers[vid] = Buffer(space, off, _nbytes(intervals.values[vid]))
