@@ -382,6 +382,18 @@ def reads_what_it_appended(x):
     return torch.stack(outs)
 
 
+def appends_under_a_branch(x):
+    """Each branch appends: one row per step in eager too, but an append under a branch on a
+    tensor is refused (it may not happen in every step): compiled per length."""
+    outs = []
+    for t in range(x.shape[0]):
+        if x[t].sum() > 0:
+            outs.append(x[t] * 2)
+        else:
+            outs.append(x[t] * 3)
+    return torch.stack(outs)
+
+
 def returns_the_list(x):
     outs = []
     for t in range(x.shape[0]):
@@ -390,7 +402,8 @@ def returns_the_list(x):
 
 
 @pytest.mark.parametrize("fn, symbolic", [(stacked_outputs, True), (concatenated_rows, True),
-                                          (reads_what_it_appended, False), (returns_the_list, False)])
+                                          (reads_what_it_appended, False), (appends_under_a_branch, False),
+                                          (returns_the_list, False)])
 def test_a_list_appended_once_per_step_of_a_symbolic_loop_is_its_stacked_output(fn, symbolic):
     for backend in backends_under_test():
         fast = cocktailer.compile(fn, backend=backend)

@@ -476,7 +476,7 @@ def _trace_body(t: Tracer, body_fn, loop: _LoopState, info: RegionInfo) -> Regio
             index, inner = _bind(t, region, loop)
             variables = list(pytree.unflatten(loop.spec, inner))
             for k in loop.stacked:
-                variables[k] = _Rows(loop.variables[k], info)
+                variables[k] = _Rows(loop.variables[k], info, region)
             outs, rows = _take_rows(loop, tuple(body_fn(index, *variables)), info)
             out_leaves, out_spec = pytree.flatten(outs)
             if out_spec != loop.spec:
@@ -544,14 +544,15 @@ def _take_rows(loop: _LoopState, outs: tuple, info: RegionInfo) -> tuple[tuple, 
 
 class _Rows:
     """What the body of a loop over a symbolic size sees of a list it appends one tensor to:
-    it may append that tensor, and nothing else (a read would see the rows of earlier
-    iterations, which are not Python values here)."""
+    it may append that tensor, once, in the body itself (not under a branch on a tensor, which
+    may not append in every iteration), and nothing else (a read would see the rows of
+    earlier iterations, which are not Python values here)."""
 
-    def __init__(self, name: str, info: RegionInfo):
-        self._name, self._info, self.row = name, info, None
+    def __init__(self, name: str, info: RegionInfo, body: Region):
+        self._name, self._info, self._body, self.row = name, info, body, None
 
     def append(self, row):
-        if self.row is not None or not isinstance(row, torch.Tensor):
+        if self.row is not None or not isinstance(row, torch.Tensor) or context.tracer().region is not self._body:
             self._refuse()
         self.row = row
 
