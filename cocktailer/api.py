@@ -253,10 +253,12 @@ class CompiledFunction:
             samples = self._samples(args, kwargs, _erase_key(self._key(args, kwargs, flat), kept), kept)
             try:
                 return program, self._build(program, samples), kept
-            except SymbolicSizeError:   # the backend needs them as numbers: a program for these sizes
-                self.dims.specialize(signature, kept)
-                program = capture(self.fn, args, kwargs)
-                return program, self._build(program, samples), frozenset()
+            except SymbolicSizeError as e:   # the backend needs these as numbers: the others may stay symbolic
+                if not kept:
+                    raise
+                needed = _symbolic_dims(program, flat[0], e.syms) or kept
+                self.dims.specialize(signature, needed)
+                return self._compile(args, kwargs, flat, kept - needed, signature)
 
     def _build(self, program: Program, samples: list[list[torch.Tensor]]) -> Callable:
         try:
@@ -409,10 +411,11 @@ def _erase_key(key: tuple, dims: frozenset) -> tuple:
     return spec, tuple(leaves), equal
 
 
-def _symbolic_dims(program: Program, leaves: list) -> frozenset:
-    """The (leaf, dim) of every symbolic size the program takes."""
+def _symbolic_dims(program: Program, leaves: list, syms=None) -> frozenset:
+    """The (leaf, dim) of every symbolic size the program takes (of `syms` only, if given)."""
     tensor_leaves = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    return frozenset((tensor_leaves[position], dim) for _, position, dim in program.sizes)
+    return frozenset((tensor_leaves[position], dim) for sym, position, dim in program.sizes
+                     if syms is None or sym in syms)
 
 
 def _leaf_key(x) -> Any:

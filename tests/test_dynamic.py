@@ -423,3 +423,16 @@ def test_values_of_one_symbolic_size_share_arena_slots_where_their_lifetimes_all
     plan = plan_memory(program)
     slots = {plan.of(v).offset for v in symbolic if plan.of(v).space == "dynamic"}
     assert len(symbolic) >= 8 and len(slots) == len(plan.dynamic) <= len(symbolic) // 2
+
+
+@pytest.mark.skipif("cpu" not in backends_under_test(), reason="needs a C compiler")
+def test_a_size_a_native_kernel_needs_as_a_number_is_specialized_alone():
+    """With dynamic=True the weight's dims are symbolic too; the cpu GEMM takes a symbolic
+    size only as rows, so the backend needs the weight's sizes as numbers: those are
+    specialized and the program is compiled again with the sequence's length still symbolic."""
+    w = torch.randn(4, 4, generator=torch.Generator().manual_seed(1)) * 0.5
+    fast = cocktailer.compile(prealloc_rnn, backend="cpu", dynamic=True)
+    run_all(fast, prealloc_rnn, [(x, w) for (x,) in lengths(6, 3, 11, 2)])
+    (program,) = symbolic_programs(fast)
+    assert len(fast.cache) == 1
+    assert [str(p.type) for p in program.main.params] == ["f32[s0,4]", "f32[4,4]"]
