@@ -436,3 +436,26 @@ def test_a_size_a_native_kernel_needs_as_a_number_is_specialized_alone():
     (program,) = symbolic_programs(fast)
     assert len(fast.cache) == 1
     assert [str(p.type) for p in program.main.params] == ["f32[s0,4]", "f32[4,4]"]
+
+
+def in_place(x, y, b):
+    z = x * 1
+    z.add_(y)
+    z *= 2
+    z.relu_()
+    x.mul_(0.5)   # an argument written in place: written back at the call's size
+    x += b
+    return z.sum(0)
+
+
+def test_in_place_ops_on_tensors_of_a_symbolic_size_write_at_the_calls_size():
+    calls = [(torch.randn(n, 4), torch.randn(n, 4), torch.randn(4)) for n in (5, 9, 3)]
+    for backend in backends_under_test():
+        fast = cocktailer.compile(in_place, backend=backend)
+        for args in calls:
+            eager_args, compiled_args = [t.clone() for t in args], [t.clone() for t in args]
+            cocktailer.mark_dynamic(compiled_args[0], 0), cocktailer.mark_dynamic(compiled_args[1], 0)
+            with torch.no_grad():
+                assert_same(fast(*compiled_args), in_place(*eager_args), 1e-4, 1e-5)
+            assert_same(compiled_args, eager_args, 1e-4, 1e-5)
+        assert len(fast.cache) == 1 and length_is_symbolic(fast)

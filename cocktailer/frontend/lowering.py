@@ -273,7 +273,9 @@ _SIZED_FACTORIES = {"zeros", "empty", "ones", "full", "new_zeros", "new_empty", 
 def _size_blind(func, name: str) -> bool:
     if name == "__get__":
         return not any(getattr(func, "__self__", None) is getattr(torch.Tensor, p) for p in _SIZE_PROPERTIES)
-    return name in _SIZE_BLIND_NAMES or name in _SHAPE_POLYMORPHIC
+    base = _inplace_base(name)   # an in-place op writes its out-of-place result (L.write checks the shapes)
+    return name in _SIZE_BLIND_NAMES or name in _SHAPE_POLYMORPHIC or \
+        base is not None and (base in _SHAPE_POLYMORPHIC or f"__{base}__" in _SHAPE_POLYMORPHIC)
 
 
 def _symbolic_shape(tracer: Tracer, func, name: str, args: tuple):
@@ -383,6 +385,13 @@ _RESHAPING_IN_PLACE = {"unsqueeze_", "squeeze_", "t_", "transpose_", "swapdims_"
                        "resize_as_", "as_strided_", "set_", "share_memory_"}
 
 
+def _inplace_base(name: str) -> str | None:
+    """The out-of-place op of an in-place one: `add_` and `__iadd__` -> `add`."""
+    if name.startswith("__i") and name.endswith("__"):
+        return name[3:-2]
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else None
+
+
 def _inplace_handler(name: str) -> Handler | None:
     """`x.add_(y)`, `x += y`: compute out of place, then write the result into x's memory."""
     if name in _RESHAPING_IN_PLACE:
@@ -390,10 +399,9 @@ def _inplace_handler(name: str) -> Handler | None:
             raise UnsupportedError(f"`{name}` changes a tensor's shape in place",
                                    hint=f"use the out-of-place `{name[:-1]}` and assign its result")
         return refuse
-    base = name[2:-2] if name.startswith("__i") and name.endswith("__") else name[:-1] if name.endswith("_") else None
+    base = _inplace_base(name)
     if base is None:
         return None
-    base = base[1:] if name.startswith("__i") else base   # __iadd__ -> add
     handler = _BY_NAME.get(base) or _BY_NAME.get(f"__{base}__")
     if handler is None or base in ("copy", "fill", "zero"):
         return None
