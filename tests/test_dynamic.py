@@ -427,9 +427,9 @@ def test_values_of_one_symbolic_size_share_arena_slots_where_their_lifetimes_all
 
 @pytest.mark.skipif("cpu" not in backends_under_test(), reason="needs a C compiler")
 def test_a_size_a_native_kernel_needs_as_a_number_is_specialized_alone():
-    """With dynamic=True the weight's dims are symbolic too; the cpu GEMM takes a symbolic
-    size only as rows, so the backend needs the weight's sizes as numbers: those are
-    specialized and the program is compiled again with the sequence's length still symbolic."""
+    """With dynamic=True the hidden size (the weight's dims, each row's size) is symbolic too;
+    the cpu kernel that writes a row into `out` needs the row's size as a number: that size
+    is specialized and the program is compiled again with the sequence's length symbolic."""
     w = torch.randn(4, 4, generator=torch.Generator().manual_seed(1)) * 0.5
     fast = cocktailer.compile(prealloc_rnn, backend="cpu", dynamic=True)
     run_all(fast, prealloc_rnn, [(x, w) for (x,) in lengths(6, 3, 11, 2)])
@@ -459,3 +459,25 @@ def test_in_place_ops_on_tensors_of_a_symbolic_size_write_at_the_calls_size():
                 assert_same(fast(*compiled_args), in_place(*eager_args), 1e-4, 1e-5)
             assert_same(compiled_args, eager_args, 1e-4, 1e-5)
         assert len(fast.cache) == 1 and length_is_symbolic(fast)
+
+
+W_ATTEND = torch.randn(8, 8, generator=torch.Generator().manual_seed(3))
+
+
+def attend(q, memory):
+    """Attention over a memory of a symbolic length: matmuls with that length as M, as N
+    (`q @ keys.T`) and as K (`weights @ memory`), softmax along it, an [s, s] intermediate."""
+    weights = torch.softmax(memory @ (W_ATTEND @ q), 0)
+    keys = memory @ W_ATTEND
+    logits = q.unsqueeze(0) @ keys.T
+    pairs = torch.tanh(keys @ keys.T)
+    return weights @ memory, logits.softmax(-1), pairs.sum(0)
+
+
+@pytest.mark.parametrize("backend", backends_under_test())
+def test_attention_over_a_memory_of_a_symbolic_length(backend):
+    fast = cocktailer.compile(attend, backend=backend)
+    calls = [(torch.randn(8, generator=torch.Generator().manual_seed(n)), cocktailer.mark_dynamic(m, 0))
+             for n, (m,) in zip(range(5), lengths(5, 9, 3, 40, 17, width=8))]
+    run_all(fast, attend, calls)
+    assert len(fast.cache) == 1 and symbolic_programs(fast)

@@ -247,7 +247,7 @@ def lower_call(tracer: Tracer, func, args: tuple, kwargs: dict):
 # know which dims it reads at run time) and metadata that does not depend on sizes.
 _SIZE_BLIND_NAMES = {"__getitem__", "dim", "ndimension", "is_floating_point", "is_complex", "element_size",
                      "get_device", "is_signed", "__hash__", "__repr__", "has_names", "__reduce_ex__", "__dir__"}
-_SIZE_PROPERTIES = ("shape", "T", "mT", "H", "mH")
+_SIZE_PROPERTIES = ("shape", "H", "mH")   # `.T` and `.mT` are permutes (_lower_property): sizes not read
 _NEW_LIKE = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor"}   # self: only its dtype and device
 
 

@@ -29,9 +29,10 @@ def supported(op: Operation) -> bool:
 
 
 def _geometry(op: Operation, ctx: KernelContext | None = None):
-    """(batch shape, A's and B's element strides per batch dim, M, K, N, M's hint). A's rows
-    may be a run-time size (a C expression: `ctx.size` of its symbolic dims) where they fold
-    into one GEMM against a 2-d B; any other dim of a symbolic size raises."""
+    """(batch shape, A's and B's element strides per batch dim, M, K, N, hints of M and N).
+    Where B is one matrix (A's batch folded into its rows: one tall GEMM), M, K and N may be
+    run-time sizes (C expressions: `ctx.size` of the symbolic dims); a batched product of a
+    symbolic size raises."""
     sa, sb = tuple(op.operands[0].type.shape), tuple(op.operands[1].type.shape)
     a_vec, b_vec = len(sa) == 1, len(sb) == 1
     M = 1 if a_vec else sa[-2]
@@ -39,36 +40,36 @@ def _geometry(op: Operation, ctx: KernelContext | None = None):
     N = 1 if b_vec else sb[-1]
     a_batch = () if a_vec else sa[:-2]
     b_batch = () if b_vec else sb[:-2]
-    syms = tuple(d for d in sb + (K,) for d in [d] if isinstance(d, Sym))
-    if syms or b_batch and any(isinstance(d, Sym) for d in sa):
-        raise SymbolicSizeError(syms or op.operands[0].type.syms, "a matmul other than rows of A times a matrix")
+    if b_batch and (op.operands[0].type.syms or op.operands[1].type.syms):
+        raise SymbolicSizeError(op.operands[0].type.syms + op.operands[1].type.syms, "a batched matmul")
     if not b_batch:   # fold A's batch into its rows: one tall GEMM
-        rows = (*a_batch, M)
         size = ctx.size if ctx is not None else str
-        return (), [], [], product(*(size(d) if isinstance(d, Sym) else d for d in rows)), K, N, hint(rows)
+        c = lambda *dims: product(*(size(d) if isinstance(d, Sym) else d for d in dims))   # noqa: E731
+        rows = (*a_batch, M)
+        return (), [], [], c(*rows), c(K), c(N), hint(rows), hint((N,))
     batch = tuple(torch.broadcast_shapes(a_batch, b_batch))
     sta = [s * M * K for s in broadcast_strides(a_batch, batch)]
     stb = [s * K * N for s in broadcast_strides(b_batch, batch)]
-    return batch, sta, stb, M, K, N, M
+    return batch, sta, stb, M, K, N, M, N
 
 
 def path(op: Operation) -> str:
     """Which code a MATMUL takes (for benchmarks and debugging)."""
-    batch, _, _, M, K, N, m = _geometry(op)
+    batch, _, _, M, K, N, m, n = _geometry(op)
     if op.results[0].type.dtype is not torch.float32:
         return "loops"
-    if N < 16:
+    if isinstance(N, int) and N < 16:
         return "dot"
     if isinstance(M, int) and M <= GEMV_ROWS:
         return "gemv"
-    return "gemm %dx%d" % choose_variant(m, N)
+    return "gemm %dx%d" % choose_variant(m, n)
 
 
 def render_matmul(op: Operation, ctx: KernelContext) -> str:
     a, b = op.operands
     out = op.results[0]
     dt = out.type.dtype
-    batch, sta, stb, M, K, N, m = _geometry(op, ctx)
+    batch, sta, stb, M, K, N, m, n = _geometry(op, ctx)
     nb = numel(batch)
     if product(nb, M, N) == 0:   # a run-time M is at least 2 (sizes 0 and 1 are compiled apart)
         return ""
@@ -81,11 +82,11 @@ def render_matmul(op: Operation, ctx: KernelContext) -> str:
                      "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_c[k_i] = 0;")
     if dt is not torch.float32:
         return block(*head, *_generic(dt, nb, M, K, N, a_off, b_off, ctx))
-    if N < 16:
+    if isinstance(N, int) and N < 16:
         return block(*head, *narrow(nb, M, K, N, a_off, b_off, ctx))
     if isinstance(M, int) and M <= GEMV_ROWS:
         return block(*head, *_gemv(nb, M, K, N, a_off, b_off, ctx))
-    return block(*head, *_gemm(nb, M, K, N, a_off, b_off, ctx, None if batch else b, m))
+    return block(*head, *_gemm(nb, M, K, N, a_off, b_off, ctx, None if batch else b, m, n))
 
 
 def _rows(nb: int, M: int, ctx: KernelContext) -> list[str]:
@@ -113,12 +114,13 @@ def narrow(nb, M, K, N, a_off, b_off, ctx, bias: str | None = None) -> list[str]
 
 
 def _gemv(nb, M, K, N, a_off, b_off, ctx) -> list[str]:
-    np_ = -(-N // 16)
-    return [split(ctx, nb * np_, 1),
+    np_ = ceil_div(N, 16)
+    return [split(ctx, product(nb, np_), 1),
             "for (int64_t k_u = k_lo; k_u < k_hi; ) {",
             f"const int64_t k_bi = k_u / {np_}, k_p0 = k_u - k_bi * {np_}, k_p1 = CK_MIN({np_}, k_p0 + (k_hi - k_u));",
             f"const int64_t k_n0 = k_p0 * 16, k_n1 = CK_MIN({N}, k_p1 * 16);",
-            f"ck_sgemv{M}({K}, k_a + {a_off}, {K}, k_b + {b_off} + k_n0, {N}, k_c + k_bi * {M * N} + k_n0, {N}, k_n1 - k_n0);",
+            f"ck_sgemv{M}({K}, k_a + {a_off}, {K}, k_b + {b_off} + k_n0, {N}, k_c + k_bi * {product(M, N)} + k_n0, {N}, "
+            "k_n1 - k_n0);",
             "k_u += k_p1 - k_p0;",
             "}"]
 
@@ -132,12 +134,14 @@ def gemm_tiles(nb: int, M: int, N: int, mr: int, nr: int, ctx: KernelContext, ca
     rows (each worker reads only its rows of A, which dominate the traffic). Else NR-wide
     column panels (each worker packs only its part of B), and row chunks too if that is not
     enough to go round."""
-    np_, mb = -(-N // nr), ceil_div(M, mr)
+    np_, mb = ceil_div(N, nr), ceil_div(M, mr)
+    units = product(nb, np_)
+    below = units - 1 if isinstance(units, int) else f"{units} - 1"
     W = ctx.workers
     return [f"int64_t k_rc = 1, k_pu = {np_};",
             f"if ({nb} >= 4 * {W}) k_pu = 1;",
             f"else if ({M} >= 2 * {N} && {product(nb, mb)} >= {W}) {{ k_rc = {mb}; k_pu = 1; }}",
-            f"else if ({nb * np_} < {W}) k_rc = CK_MIN({mb}, ({W} + {nb * np_ - 1}) / {nb * np_});",
+            f"else if ({units} < {W}) k_rc = CK_MIN({mb}, ({W} + {below}) / {units});",
             f"const int64_t k_units = {nb} * k_rc * k_pu;",
             f"const int64_t k_lo = k_units * {ctx.worker} / {W}, k_hi = k_units * ({ctx.worker} + 1) / {W};",
             "for (int64_t k_u = k_lo; k_u < k_hi; ) {",
@@ -152,10 +156,10 @@ def gemm_tiles(nb: int, M: int, N: int, mr: int, nr: int, ctx: KernelContext, ca
             "}"]
 
 
-def _gemm(nb, M, K, N, a_off, b_off, ctx, b=None, m=None) -> list[str]:
+def _gemm(nb, M, K, N, a_off, b_off, ctx, b=None, m=None, n=None) -> list[str]:
     """`b`: B's value when it is one matrix for every row: a constant one comes prepacked.
-    `m`: M's hint where M is a run-time size (the micro-kernel is chosen for it)."""
-    mr, nr = choose_variant(M if isinstance(M, int) else m, N)
+    `m`, `n`: M's and N's hints where they are run-time sizes (the micro-kernel is chosen for them)."""
+    mr, nr = choose_variant(M if isinstance(M, int) else m, N if isinstance(N, int) else n)
     packed = ctx.prepacked(b, nr) if b is not None else None
     if packed is not None:   # weights packed once, ahead of time: the driver reads the panels in place
         source, packer = f"const ck_prepacked k_bm = {{ {packed}, {-(-N // nr) * nr} }};\n", "0"
