@@ -481,3 +481,20 @@ def test_attention_over_a_memory_of_a_symbolic_length(backend):
              for n, (m,) in zip(range(5), lengths(5, 9, 3, 40, 17, width=8))]
     run_all(fast, attend, calls)
     assert len(fast.cache) == 1 and symbolic_programs(fast)
+
+
+def test_an_update_strided_by_a_symbolic_size_is_specialized_and_right():
+    """Fuzz seed 7201576: `x[:, -1] += v` on x of a symbolic width writes a column whose
+    stride is that width; the cpu update kernel needs it as a number."""
+    def last_column(x, v):
+        x[:, -1] += v
+        return x.tanh()
+    for backend in backends_under_test():
+        fast = cocktailer.compile(last_column, backend=backend)
+        for n in (3, 5, 8):
+            args = (torch.randn(4, n), torch.randn(4))
+            eager_args, compiled_args = [t.clone() for t in args], [cocktailer.mark_dynamic(t.clone(), 1) if t.dim() == 2
+                                                                    else t.clone() for t in args]
+            with torch.no_grad():
+                assert_same(fast(*compiled_args), last_column(*eager_args), 1e-4, 1e-5)
+            assert_same(compiled_args, eager_args, 1e-4, 1e-5)

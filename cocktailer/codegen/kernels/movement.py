@@ -166,8 +166,8 @@ def render_update(op: Operation, ctx: KernelContext) -> str:
     if n == 0:
         return ""
     checks, base, sizes, strides = _view(op, x, op.operands[2:], ctx)
-    if v.type.syms or any(isinstance(d, str) for d in sizes):   # the region written: numbers only
-        raise SymbolicSizeError(v.type.syms or x.type.syms, "an update of a region of a symbolic size")
+    if v.type.syms or any(isinstance(d, str) for d in (*sizes, *strides)):   # the region written: numbers only
+        raise SymbolicSizeError(v.type.syms or x.type.syms, "an update of a region of a symbolic size or stride")
     T = ctype(out.type.dtype)
     lines = [*checks, f"{T}* k_y = {ctx.ptr(out)}; const {T}* k_x = {ctx.ptr(x)};",
              f"const {ctype(v.type.dtype)}* k_v = {ctx.ptr(v)};",
