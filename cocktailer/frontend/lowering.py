@@ -253,13 +253,9 @@ _NEW_LIKE = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor"}   #
 
 # Handlers that never read their operands' sizes: they emit one op (or a few) whose result
 # type inference derives from the operands' types, symbolic sizes included (`ir.infer`).
+# The unary and binary elementwise names join it where they are registered.
 _SHAPE_POLYMORPHIC = {
-    "neg", "negative", "__neg__", "abs", "__abs__", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid",
-    "relu", "silu", "sin", "cos", "erf", "floor", "ceil", "logical_not", "gelu", "leaky_relu", "relu6", "hardtanh",
-    "add", "__add__", "__radd__", "sub", "subtract", "__sub__", "__rsub__", "rsub", "mul", "multiply", "__mul__",
-    "__rmul__", "true_divide", "__truediv__", "__div__", "__rtruediv__", "__rdiv__", "div", "divide",
-    "maximum", "minimum", "eq", "__eq__", "ne", "not_equal", "__ne__", "lt", "less", "__lt__", "le", "less_equal",
-    "__le__", "gt", "greater", "__gt__", "ge", "greater_equal", "__ge__", "logical_and", "logical_or", "logical_xor",
+    "gelu", "leaky_relu", "relu6", "hardtanh", "div", "divide",
     "where", "masked_fill", "clamp", "clip", "clamp_min", "clamp_max", "dropout", "transpose", "swapaxes", "t",
     "permute", "cat", "concat", "concatenate",
     "sum", "mean", "amax", "amin", "softmax", "log_softmax",
@@ -426,6 +422,7 @@ for _op, _names in {
     Op.ERF: ("erf",), Op.FLOOR: ("floor",), Op.CEIL: ("ceil",), Op.NOT: ("logical_not",),
 }.items():
     register(*_names)(_unary(_op))
+    _SHAPE_POLYMORPHIC.update(_names)
 
 
 @register("gelu")
@@ -464,6 +461,7 @@ for _op, _names, _rnames in [
 ]:
     register(*_names)(_binary(_op))
     register(*_rnames)(_binary(_op, swap=True))
+    _SHAPE_POLYMORPHIC.update(_names + _rnames)
 
 
 @register("div", "divide")
