@@ -17,6 +17,7 @@ import torch
 
 from cocktailer.codegen.dialect import CPU, Dialect, preamble
 from cocktailer.codegen.kernels import KERNELS, PRELUDE, KernelContext, ctype
+from cocktailer.codegen.kernels.common import product
 from cocktailer.errors import INTERRUPTED, ITERATIONS_EXCEEDED
 from cocktailer.ir import Op, Operation, Program, Sym, SymbolicSizeError, Value
 from cocktailer.runtime.native import ERR_SIZES as SIZES_AT   # err[]: where the call's symbolic sizes start
@@ -62,10 +63,7 @@ class Renderer:
 
     def nbytes(self, ty) -> str:
         """A value's byte count in C: a number, or an expression of the call's sizes."""
-        static = ty.dtype.itemsize
-        for d in ty.shape:
-            static *= 1 if isinstance(d, Sym) else d
-        return " * ".join([str(static)] + [self.size(d) for d in ty.shape if isinstance(d, Sym)])
+        return str(product(ty.dtype.itemsize, *(self.size(d) if isinstance(d, Sym) else d for d in ty.shape)))
 
     def ptr(self, v: Value, base: str | None = None) -> str:
         buf = self.plan.of(v)

@@ -105,7 +105,7 @@ def _check_key(op: Op, operand_types: Sequence[TensorType], attrs: dict):
         raise SymbolicSizeError(tuple(s for t in indices for s in t.syms), "an index")
     shape, dim = operand_types[0].shape, 0
     for item in attrs["key"]:
-        if item[0] == "slice" and isinstance(shape[dim], Sym) and item[1:] not in _WHOLE:
+        if item[0] == "slice" and isinstance(shape[dim], Sym) and not takes_whole(item):
             raise SymbolicSizeError(shape[dim], "a slice of part of a dim")
         dim += item[0] != "new"
 
@@ -115,6 +115,11 @@ def _check_key(op: Op, operand_types: Sequence[TensorType], attrs: dict):
 _POLYMORPHIC = ELEMENTWISE | REDUCE | {Op.MATMUL, Op.SOFTMAX, Op.LOG_SOFTMAX, Op.CAST, Op.SELECT, Op.UPDATE, Op.CAT,
                                       Op.PERMUTE}
 _WHOLE = {(None, None, None), (0, None, None), (None, None, 1), (0, None, 1)}
+
+
+def takes_whole(item: tuple) -> bool:
+    """Whether a ("slice", start, stop, step) key item takes all of a dim, whatever its size."""
+    return item[1:] in _WHOLE
 
 
 def _probe_values(syms: tuple, operand_types: Sequence[TensorType]) -> dict:

@@ -16,6 +16,7 @@ from cocktailer.codegen.kernels.common import (block, broadcast_strides, c_shape
                                                strides_of)
 from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.ir import Operation, SymbolicSizeError, Value
+from cocktailer.ir.infer import takes_whole
 
 INT_INDEX = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -117,7 +118,7 @@ def _view(op: Operation, x: Value, dynamic: list[Value], ctx: KernelContext):
     for item in op.attrs["key"]:
         kind = item[0]
         if kind == "slice" and isinstance(shape[dim], str):
-            if slice(*item[1:]).indices(_PROBE) != (0, _PROBE, 1):
+            if not takes_whole(item):   # type inference admits no other
                 raise SymbolicSizeError(syms[dim], "a slice of part of a dim")
             sizes.append(shape[dim])
             strides.append(st[dim])
@@ -147,9 +148,6 @@ def _view(op: Operation, x: Value, dynamic: list[Value], ctx: KernelContext):
     sizes += shape[dim:]
     strides += st[dim:]
     return checks, " + ".join(base) if base else "0", sizes, strides
-
-
-_PROBE = 1 << 40   # a slice that takes all of this many takes all of any size
 
 
 def render_select(op: Operation, ctx: KernelContext) -> str:
