@@ -21,7 +21,8 @@ from cocktailer.dynamic import DynamicDims, erase
 from cocktailer.ir import Program, SymbolicSizeError
 from cocktailer.passes import CAPTURE_PIPELINE, run_pipeline
 from cocktailer.passes.fold_constants import refresh_derived
-from cocktailer.backend import BackendUnavailable, Config, backend as native_backend, build
+from cocktailer.backend import BackendUnavailable, Config, TunedProgram, backend as native_backend, build, \
+    specialize_measured
 from cocktailer.reference import ReferenceExecutor
 from cocktailer.reference.trace import traced_graph
 from cocktailer.runtime.compiler import find_compiler
@@ -109,7 +110,9 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     `policy`: "simple" (default: control flow at L1, the worker count by a size rule) or
     "measured" (cpu: candidates built and timed on this machine, the fastest kept; see
     cocktailer.explain), which times them on the example inputs and on `samples` (more
-    argument tuples shaped like them), and takes `workers` as the most it may use; `steps`
+    argument tuples shaped like them, or of other values of their symbolic sizes), and takes
+    `workers` as the most it may use; a symbolic program is also built specialized at each
+    sample's sizes and that one runs calls of exactly those sizes where it measured faster; `steps`
     limits its search to some of `cocktailer.backend.config.STEPS`. The "host" backend takes
     `native_from=d`: control-flow constructs nested at least d deep in their function (0: all)
     run inside its native blocks, where every op they control has a native kernel.
@@ -214,6 +217,10 @@ class CompiledFunction:
         seen = self._seen_shapes.get(static)   # shapes called before: no new sizes to learn from them
         if seen is not None and (self.frozen or seen[2].holds()):
             return seen[1]
+        if seen is None and static in self.cache:   # a program of exactly these sizes (the measured policy's)
+            if self.frozen or self._guards[static].holds():
+                return self._remember(static, static, self.cache[static])
+            del self.cache[static]
         dims = None if seen is not None else self._dims_of(static, flat[0])
         key = seen[0] if seen is not None else _erase_key(static, dims)
         entry = self.cache.get(key)
@@ -228,6 +235,12 @@ class CompiledFunction:
             key = _erase_key(static, dims)
             entry = self.cache[key] = (program, executable)
             self._guards[key] = _ConstantGuard(self.fn, program)
+            if static in self.cache:   # the measured policy specialized this call's own sizes
+                key, entry = static, self.cache[static]
+        return self._remember(static, key, entry)
+
+    def _remember(self, static: tuple, key: tuple, entry: tuple[Program, Callable]) -> tuple[Program, Callable]:
+        """Calls of these exact shapes run `entry` (cached under `key`) from now on, while its guard holds."""
         if len(self._seen_shapes) >= _MAX_SEEN_SHAPES:
             self._seen_shapes.clear()
         self._seen_shapes[static] = (key, entry, self._guards.get(key))   # a symbolic program stays right for them
@@ -252,13 +265,16 @@ class CompiledFunction:
             self.dims.specialize(signature, dims - kept)
             samples = self._samples(args, kwargs, _erase_key(self._key(args, kwargs, flat), kept), kept)
             try:
-                return program, self._build(program, samples), kept
+                executable = self._build(program, samples)
             except SymbolicSizeError as e:   # the backend needs these as numbers: the others may stay symbolic
                 if not kept:
                     raise
                 needed = _symbolic_dims(program, flat[0], e.syms) or kept
                 self.dims.specialize(signature, needed)
                 return self._compile(args, kwargs, flat, kept - needed, signature)
+            if kept and isinstance(executable, TunedProgram):
+                self._specialize_sample_sizes(program, executable, args, kwargs, flat, kept)
+            return program, executable, kept
 
     def _build(self, program: Program, samples: list[list[torch.Tensor]]) -> Callable:
         try:
@@ -310,12 +326,34 @@ class CompiledFunction:
     def _samples(self, args, kwargs, key: tuple, dims: frozenset = frozenset()) -> list[list[torch.Tensor]]:
         """What the measured policy times candidates on: these arguments' tensors, and those of
         options["samples"] (argument tuples) that specialize the same way."""
-        samples = [_tensors(args, kwargs)]
+        return [_tensors(args, kwargs)] + [_tensors(a, k) for _, a, k in self._sample_calls(key, dims)]
+
+    def _sample_calls(self, key: tuple, dims: frozenset):
+        """(own key, args, kwargs) of each of options["samples"] that specializes to `key`,
+        bound, with trees of node objects linearized as a call's are."""
         for extra in self.config.samples:
             extra_args, extra_kwargs = self._bind(_as_tuple(extra), {})
-            if _erase_key(self._key(extra_args, extra_kwargs), dims) == key:
-                samples.append(_tensors(extra_args, extra_kwargs))
-        return samples
+            extra_args, extra_kwargs, flat, _ = self._linearize(extra_args, extra_kwargs,
+                                                                pytree.flatten((extra_args, extra_kwargs)))
+            static = self._key(extra_args, extra_kwargs, flat)
+            if _erase_key(static, dims) == key:
+                yield static, extra_args, extra_kwargs
+
+    def _specialize_sample_sizes(self, program: Program, symbolic: TunedProgram, args, kwargs, flat, dims: frozenset):
+        """The measured policy's choice per size it was given (this call's and the samples'
+        that share the symbolic program): where the program specialized at that size measured
+        faster, calls of exactly that size run it (cached under their full key)."""
+        static = self._key(args, kwargs, flat)
+        calls = {static: (args, kwargs), **{k: (a, kw) for k, a, kw in self._sample_calls(_erase_key(static, dims), dims)}}
+        for key, (call_args, call_kwargs) in calls.items():
+            if key in self.cache:
+                continue
+            exact = capture(self.fn, call_args, call_kwargs)
+            tensors = _tensors(call_args, call_kwargs)
+            specialized, trial = specialize_measured(exact, symbolic, tensors, _sizes_of(program, tensors))
+            if trial.kept:
+                self.cache[key] = (exact, specialized)
+                self._guards[key] = _ConstantGuard(self.fn, exact)
 
     def _build_with(self, program: Program, samples: list[list[torch.Tensor]]) -> Callable:
         """The backend's executable for `program`. "auto" takes the first backend in AUTO_ORDER
@@ -409,6 +447,12 @@ def _erase_key(key: tuple, dims: frozenset) -> tuple:
         kind, shape, *rest = leaves[leaf]
         leaves[leaf] = (kind, erase(shape, leaf, dims), *rest)
     return spec, tuple(leaves), equal
+
+
+def _sizes_of(program: Program, tensors: list[torch.Tensor]) -> str:
+    """The values a call gives the program's symbolic sizes, as its IR names them."""
+    values = {str(sym): tensors[position].shape[dim] for sym, position, dim in program.sizes}
+    return ", ".join(f"{name} = {n}" for name, n in values.items())
 
 
 def _symbolic_dims(program: Program, leaves: list, syms=None) -> frozenset:

@@ -2,7 +2,8 @@
 
 Sections: the captured IR and the passes applied to it (and the IR after the backend's own
 passes, when they changed it); the candidates the measured policy compared, with their
-measured latencies and which one it kept, and the stages the build ran; where each
+measured latencies and which one it kept (for symbolic sizes, also specialized at each sample's
+sizes), and the stages the build ran; where each
 control-flow construct runs; the chosen uProgram(s) with their uTasks per worker and barriers.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _entry(compiled: CompiledFunction, example_inputs, example_kwargs):
         (entry,) = compiled.cache.values()
         return entry
     args, kwargs = compiled._bind(tuple(example_inputs), example_kwargs or {})
-    return compiled.cache[compiled._key(args, kwargs)]
+    return compiled._prepare(args, kwargs)[2]   # the program calls of these sizes run (symbolic or not)
 
 
 def _ir(program: Program, record) -> str:
@@ -67,8 +68,20 @@ def _policy(record) -> str:
         for t in record.trials:
             ms = f"{t.seconds * 1e3:.4g}" if t.seconds is not None else f"failed: {t.error}"
             lines.append(f"| {t.step} | {t.candidate} | {ms} | {'kept' if t.kept else ''} |")
-        head = "\n".join(lines + [f"chosen: {built.config}"])
+        head = "\n".join(lines + [f"chosen: {built.config}"] + _sizes(record))
     return f"{head}\nbuild stages:\n" + "\n".join(f"  {line}" for line in built.summary().splitlines())
+
+
+def _sizes(record) -> list[str]:
+    """The measured policy's choice per sample size of a symbolic program."""
+    if not record.sizes:
+        return []
+    lines = ["sizes: the chosen candidate specialized at each sample's sizes, against it with symbolic sizes",
+             "| sizes | symbolic ms | specialized ms | calls of these sizes run |", "|---|---|---|---|"]
+    for t in record.sizes:
+        runs = "the specialized program" if t.kept else "the symbolic program"
+        lines.append(f"| {t.sizes} | {t.symbolic * 1e3:.4g} | {t.specialized * 1e3:.4g} | {runs} |")
+    return lines
 
 
 def _levels(program: Program, record) -> str:

@@ -498,3 +498,37 @@ def test_an_update_strided_by_a_symbolic_size_is_specialized_and_right():
             with torch.no_grad():
                 assert_same(fast(*compiled_args), last_column(*eager_args), 1e-4, 1e-5)
             assert_same(compiled_args, eager_args, 1e-4, 1e-5)
+
+
+def project(x, w):
+    return torch.relu(x @ w).sum(0)
+
+
+@pytest.mark.skipif("cpu" not in backends_under_test(), reason="needs a C compiler")
+def test_the_measured_policy_specializes_the_sample_sizes_where_that_measured_faster(monkeypatch):
+    """Under the measured policy a symbolic program is timed, at each sample's sizes, against
+    its kept candidate specialized at them; calls of a size whose specialized program was
+    faster run it, every other size the symbolic program. The profiler is replaced by one
+    that reports the specialized program faster only at length 9 (no test times anything)."""
+    from cocktailer.backend import measured
+
+    class Scripted(measured.Profiler):
+        def compare(self, runs):
+            if len(runs) == 1:   # the search's one candidate
+                return [1.0]
+            (sample,) = self.samples
+            return [1.0, 0.5] if sample[0].shape[0] == 9 else [1.0, 1.0]
+    monkeypatch.setattr(measured, "Profiler", Scripted)
+    w = torch.randn(16, 8)
+    xs = {n: torch.randn(n, 16) for n in (5, 9, 13, 21)}
+    options = {"policy": "measured", "steps": ["control flow at L1"], "samples": [(xs[9], w), (xs[13], w)]}
+    fast = cocktailer.compile(project, (xs[5], w), backend="cpu", options=options)
+    fast.specialize(xs[9], w)   # the second length: a symbolic program, and the sample sizes' trials
+    run_all(fast, project, [(x, w) for x in xs.values()])
+    served = {n: fast.specialize(x, w) for n, x in xs.items()}
+    assert [str(p) for p in served[9].main.params[0].type.shape] == ["9", "16"]   # specialized: faster
+    assert [bool(served[n].sizes) for n in (13, 21)] == [True, True]               # not faster: symbolic
+    assert not served[5].sizes   # the first call's static program, compiled before any size varied
+    text = cocktailer.explain(fast, (xs[21], w), file=None)
+    assert "| s0 = 9 | 1000 | 500 | the specialized program |" in text
+    assert "| s0 = 13 | 1000 | 1000 | the symbolic program |" in text

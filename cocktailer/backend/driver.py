@@ -13,7 +13,7 @@ import torch
 from cocktailer.backend.config import Config
 from cocktailer.backend.cpu import build_cpu
 from cocktailer.backend.host import build_host
-from cocktailer.backend.measured import tune
+from cocktailer.backend.measured import SizeTrial, TunedProgram, specialize, tune
 from cocktailer.backend.record import Record
 from cocktailer.codegen import kernels
 from cocktailer.errors import CocktailerError
@@ -43,6 +43,13 @@ def build(program: Program, config: Config, samples: list[list[torch.Tensor]] | 
                           "the control flow around them; the rest runs in native blocks (see cocktailer.explain)")
     return build_host(program, Config(backend="host", workers=config.workers, max_depth=config.max_depth,
                                       max_iterations=config.max_iterations, native_from=0), record)
+
+
+def specialize_measured(program: Program, symbolic: TunedProgram, sample: list[torch.Tensor],
+                        sizes: str) -> tuple[TunedProgram, SizeTrial]:
+    """The measured policy at one sample's sizes: `program`, captured at them, built as the
+    candidate kept for the symbolic program, and whether it measured faster there."""
+    return specialize(program, symbolic, sample, sizes, build_native)
 
 
 def build_native(program: Program, config: Config, record: Record) -> Callable:

@@ -1,8 +1,11 @@
 """The measured policy (Algorithm 1): the search (`schedule.search`) proposes configurations,
 each is built like any other and timed by the profiler on the sample inputs; the fastest is
-kept and the others are dropped."""
+kept and the others are dropped. For a program of symbolic sizes it also asks, at each size
+it was given as a sample, whether the kept candidate specialized at those sizes runs faster
+(`specialize`)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -13,7 +16,7 @@ from cocktailer.backend.record import Record
 from cocktailer.codegen import kernels
 from cocktailer.ir import Program
 from cocktailer.runtime.native import default_workers
-from cocktailer.schedule.search import search
+from cocktailer.schedule.search import KEEP_MARGIN, search
 
 Build = Callable[[Program, Config, Record], Callable]
 
@@ -76,3 +79,36 @@ def tune(program: Program, config: Config, samples: list[list[torch.Tensor]], bu
         stage.detail = f"{len(record.trials)} candidates timed; kept: {best}"
     record.chosen = records[best]
     return TunedProgram(built[best], best, record)
+
+
+@dataclass
+class SizeTrial:
+    """One sample's sizes: the symbolic program and the kept candidate specialized at them,
+    timed against each other on that sample (seconds per run)."""
+    sizes: str
+    symbolic: float
+    specialized: float
+
+    @property
+    def kept(self) -> bool:
+        """The specialized program serves these sizes: faster by more than the noise."""
+        return self.specialized < KEEP_MARGIN * self.symbolic
+
+
+def specialize(program: Program, symbolic: TunedProgram, sample: list[torch.Tensor], sizes: str,
+               build: Build) -> tuple[TunedProgram, SizeTrial]:
+    """`program` (captured at `sample`'s sizes, all of them numbers) built as the candidate
+    kept for `symbolic`, and the two timed in alternating rounds on `sample`. Static kernels
+    can unroll and vectorize by known bounds and pick a fixed partition; whether that pays at
+    these sizes is measured, not assumed. The caller keeps the specialized program where the
+    trial's `kept` says so."""
+    candidate = symbolic.candidate
+    record = Record(symbolic.record.config)
+    record.trials = symbolic.record.trials   # the candidate comes from the symbolic program's search
+    record.chosen = Record(candidate)
+    specialized = TunedProgram(build(program, candidate, record.chosen), candidate, record)
+    symbolic_s, specialized_s = Profiler([sample], persist=False).compare([symbolic, specialized])
+    trial = SizeTrial(sizes, symbolic_s, specialized_s)
+    symbolic.record.sizes.append(trial)
+    record.sizes.append(trial)
+    return specialized, trial

@@ -29,6 +29,7 @@ class Record:
     native_constructs: set[int] | None = None   # host backend: id(construct) of those run in native blocks
     trials: list[Trial] = field(default_factory=list)   # measured policy: every candidate timed
     chosen: "Record | None" = None                      # measured policy: the record of the one kept
+    sizes: list = field(default_factory=list)   # measured policy: backend.measured.SizeTrial per sample size
     notices: list[str] = field(default_factory=list)    # what the user should hear (the api warns once)
 
     @contextmanager

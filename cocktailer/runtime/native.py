@@ -66,6 +66,7 @@ class Entry:
 
 
 ARENA_ALIGN = 64
+_MAX_LAYOUTS = 1024
 
 
 def _size_of(ty: TensorType, sizes: dict) -> int:
@@ -153,6 +154,7 @@ class CompiledProgram:
         self._packed_from = {k: c.source._version for k, c in enumerate(entry.constants) if isinstance(c, Packed)}
         self._const_table = (ctypes.c_void_p * max(len(self._constants), 1))(*[t.data_ptr() for t in self._constants])
         self._local = threading.local()
+        self._layouts: dict[tuple, tuple] = {}   # a call's sizes -> (arena offsets, arena bytes, output shapes)
         self.active_workers = Workers(workers, adaptive=not entry.needs_all_workers)
 
     def _scratch(self):
@@ -169,10 +171,23 @@ class CompiledProgram:
                 (ctypes.c_int64 * (ERR_SIZES + len(e.sizes) + len(e.dynamic)))())   # err[]: see ERR_CODE...
         return scratch
 
-    def _arena_for(self, sizes: dict, err) -> torch.Tensor:
+    def _layout(self, values: tuple) -> tuple[list[int], int, list[tuple]]:
+        """For a call's sizes (their values, in entry.sizes's order): the dynamic values' arena
+        offsets, the bytes the arena needs, the outputs' shapes. Kept per sizes: a service
+        meets the same lengths again, and this is per-call work in Python."""
+        layout = self._layouts.get(values)
+        if layout is None:
+            sizes = {sym: n for (sym, _, _), n in zip(self.entry.sizes, values)}
+            offsets, top = self.entry.arena_layout(sizes)
+            layout = (offsets, top, [_shape_of(t, sizes) for t in self.entry.outputs])
+            if len(self._layouts) >= _MAX_LAYOUTS:
+                self._layouts.clear()
+            self._layouts[values] = layout
+        return layout
+
+    def _arena_for(self, offsets: list[int], top: int, err) -> torch.Tensor:
         """The arena, grown if this call's sizes need more than it has (then kept: calls of the
         same or smaller sizes allocate nothing); the dynamic values' offsets into err[]."""
-        offsets, top = self.entry.arena_layout(sizes)
         at = ERR_SIZES + len(self.entry.sizes)
         for j, offset in enumerate(offsets):
             err[at + j] = offset
@@ -211,12 +226,13 @@ class CompiledProgram:
             self._refresh_packed()
         inputs = [x.contiguous() for x in inputs]
         arena, stack, locals_, rets, err = self._scratch()
-        sizes = {}
-        for k, (sym, position, dim) in enumerate(self.entry.sizes):
-            sizes[sym] = err[ERR_SIZES + k] = inputs[position].shape[dim]
+        values = tuple(inputs[position].shape[dim] for _, position, dim in self.entry.sizes)
+        for k, n in enumerate(values):
+            err[ERR_SIZES + k] = n
+        offsets, top, shapes = self._layout(values)
         if self.entry.dynamic:
-            arena = self._arena_for(sizes, err)
-        outputs = [torch.empty(_shape_of(t, sizes), dtype=t.dtype) for t in self.entry.outputs]
+            arena = self._arena_for(offsets, top, err)
+        outputs = [torch.empty(shape, dtype=t.dtype) for shape, t in zip(shapes, self.entry.outputs)]
         ins = (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs])
         outs = (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs])
         workers = self.active_workers.choose()
