@@ -532,3 +532,75 @@ def test_the_measured_policy_specializes_the_sample_sizes_where_that_measured_fa
     text = cocktailer.explain(fast, (xs[21], w), file=None)
     assert "| s0 = 9 | 1000 | 500 | the specialized program |" in text
     assert "| s0 = 13 | 1000 | 1000 | the symbolic program |" in text
+
+
+class LSTMTagger(torch.nn.Module):
+    """The tagger of PyTorch's sequence-models tutorial, as written there: `len(sentence)` in
+    views around an nn.LSTM over one sentence."""
+
+    def __init__(self, embedding_dim=6, hidden_dim=6, vocab_size=20, tagset_size=3):
+        super().__init__()
+        self.word_embeddings = torch.nn.Embedding(vocab_size, embedding_dim)
+        self.lstm = torch.nn.LSTM(embedding_dim, hidden_dim)
+        self.hidden2tag = torch.nn.Linear(hidden_dim, tagset_size)
+
+    def forward(self, sentence):
+        embeds = self.word_embeddings(sentence)
+        lstm_out, _ = self.lstm(embeds.view(len(sentence), 1, -1))
+        tag_space = self.hidden2tag(lstm_out.view(len(sentence), -1))
+        return torch.nn.functional.log_softmax(tag_space, dim=1)
+
+
+@pytest.mark.parametrize("backend", backends_under_test())
+def test_the_tutorial_tagger_runs_every_sentence_length_on_one_program(backend):
+    """An embedding's rows, `len(x)` and views that keep the length one dim take it symbolic."""
+    m = model(lambda _: LSTMTagger())
+    fast = cocktailer.compile(m, backend=backend, dynamic=True)
+    run_all(fast, m, [(torch.randint(0, 20, (n,), generator=torch.Generator().manual_seed(n)),) for n in (3, 7, 2, 12)])
+    assert len(fast.cache) == 1 and length_is_symbolic(fast)
+
+
+def views_of_a_sequence(x, h):
+    y = x.unsqueeze(1)                          # [n, 1, 4]
+    z = (y.expand(-1, 3, -1) * h).sum(1)        # [n, 4]
+    w = z.view(z.shape[0], 2, 2).flatten(1)     # [n, 2, 2] -> [n, 4]
+    return w.tanh(), x.reshape(len(x), 2, 2), y.squeeze(1) + 1   # the second: a view of the argument
+
+
+def a_size_computed_by_a_reshape(x):
+    return x.reshape(-1).softmax(0)             # n * 4 elements: a size of its own
+
+
+def written_through_views(x):
+    y = x.view(len(x), 2, 2)
+    y.mul_(2)
+    z = x.unsqueeze(0)
+    z += 1
+    return y.sum(1), z   # z: a view of the argument
+
+
+@pytest.mark.parametrize("backend", backends_under_test())
+def test_writes_through_views_of_a_symbolic_size_reach_the_argument(backend):
+    fast = cocktailer.compile(written_through_views, backend=backend, dynamic=True)
+    for (x,) in lengths(3, 6, 4):
+        compiled_x, eager_x = x.clone(), x.clone()
+        with torch.no_grad():
+            got, want = fast(compiled_x), written_through_views(eager_x)
+        assert_same(got, want, 1e-5, 1e-6)
+        got[1].add_(5)   # the returned view still shares the argument's memory
+        want[1].add_(5)
+        assert_same(compiled_x, eager_x, 1e-5, 1e-6)
+    assert len(fast.cache) == 1 and length_is_symbolic(fast)
+
+
+@pytest.mark.parametrize("backend", backends_under_test())
+def test_views_that_keep_a_symbolic_size_one_dim_keep_it_symbolic(backend):
+    """unsqueeze, squeeze, expand, flatten, and view/reshape to `x.shape[0]`/`len(x)`: one
+    program; a reshape that merges the size with another dim needs it as a number."""
+    h = torch.randn(3, 1)
+    fast = cocktailer.compile(views_of_a_sequence, backend=backend, dynamic=True)
+    run_all(fast, views_of_a_sequence, [(x, h) for (x,) in lengths(5, 2, 9)])
+    assert len(fast.cache) == 1 and length_is_symbolic(fast)
+    merged = cocktailer.compile(a_size_computed_by_a_reshape, backend=backend, dynamic=True)
+    run_all(merged, a_size_computed_by_a_reshape, lengths(5, 2, 9))
+    assert len(merged.cache) == 3 and not symbolic_programs(merged)

@@ -285,8 +285,9 @@ class SymRange:
 
 
 def len_(x):
-    """`len(x)` in a `range()` bound: a tensor's leading size as `x.shape` gives it (a SizeProxy
-    where that size is symbolic, so the loop runs for the call's length); else len()."""
+    """`len(x)` in a `range()` bound, or of a captured tensor anywhere: a tensor's leading size
+    as `x.shape` gives it (a SizeProxy where that size is symbolic: a loop runs for the call's
+    length, a view keeps it; where Python needs the number, it is specialized); else len()."""
     if isinstance(x, torch.Tensor) and x.dim() > 0:
         return x.shape[0]
     if isinstance(x, StackedList):
@@ -649,6 +650,8 @@ def call(f, *args, **kwargs):
         return _cast_builtin(f, args[0])
     if f in (max, min) and len(args) == 2 and not kwargs and any(is_proxy(a) for a in args):
         return torch.maximum(*_as_tensors(args)) if f is max else torch.minimum(*_as_tensors(args))
+    if f is len and len(args) == 1 and not kwargs and is_proxy(args[0]):   # a symbolic length stays one
+        return len_(args[0])
     if f is torch.autograd.Variable and args and is_proxy(args[0]):   # legacy: the same memory, detached
         return context.tracer().alias(args[0])
     stacked = _stacked_call(f, args, kwargs)

@@ -76,6 +76,8 @@ class Lowering:
 
     def reshape(self, x, shape) -> Proxy:
         """A view where torch's reshape gives one (the layout allows it), else a copy."""
+        if type_of(x).syms or _syms(shape):
+            return self._reshape_symbolic(x, tuple(shape))
         shape = tuple(_meta(x).reshape(shape).shape)   # resolves -1
         if shape == tuple(x.shape):
             return x
@@ -91,8 +93,30 @@ class Lowering:
             return x
         return self.view(x, Op.PERMUTE, self.meta(x).permute(dims), dims=dims)
 
+    def _reshape_symbolic(self, x, shape: tuple) -> Proxy:
+        """A reshape of a tensor of symbolic sizes, or to sizes read off one (`x.shape[0]`):
+        each symbolic size must stay one whole dim (`x.unsqueeze(1)`, `x.view(n, 1, -1)`;
+        type inference checks it at two values, else the sizes are specialized). A view of a
+        contiguous layout, which it is for every size; another layout specializes."""
+        ty = _symbolic_operand(x, shape)
+        out = infer_type(Op.RESHAPE, [ty], {"shape": shape})   # resolves -1
+        if out.shape == ty.shape:
+            return x
+        _check_layout_known(x, "reshaping")
+        if not self.meta(x).is_contiguous():
+            raise SymbolicSizeError(ty.syms, "a reshape of a non-contiguous layout")
+        return self.view(x, Op.RESHAPE, self.meta(x).reshape(out.hinted.shape), shape=out.shape)
+
     def expand(self, x, shape) -> Proxy:
-        return self.view(x, Op.EXPAND, self.meta(x).expand(shape), shape=tuple(shape))
+        """x broadcast to `shape` (-1: x's size), a view; x itself where that changes nothing."""
+        shape = tuple(shape)
+        if type_of(x).syms or _syms(shape):
+            ty = _symbolic_operand(x, shape)
+            out = infer_type(Op.EXPAND, [ty], {"shape": shape})
+            return x if out.shape == ty.shape else \
+                self.view(x, Op.EXPAND, self.meta(x).expand(out.hinted.shape), shape=out.shape)
+        meta = self.meta(x).expand(shape)
+        return x if meta.shape == x.shape else self.view(x, Op.EXPAND, meta, shape=tuple(meta.shape))
 
     def cast(self, x, dtype: torch.dtype):
         if dtype is None or x.dtype == dtype:
@@ -168,9 +192,24 @@ def _pair(v) -> tuple[int, int]:
 
 
 def _shape_args(args) -> tuple:
+    """A shape given as sizes or as one sequence; a size read off a tensor of symbolic size
+    (`x.shape[0]`) as its Sym (only handlers that let it through, _SIZED_VIEWS, meet one)."""
     if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
-        return tuple(args[0])
-    return tuple(args)
+        args = args[0]
+    return tuple(a.sym if isinstance(a, SizeProxy) else a for a in args)
+
+
+def _syms(shape) -> tuple:
+    return tuple(d for d in shape if isinstance(d, Sym))
+
+
+def _symbolic_operand(x, shape: tuple) -> TensorType:
+    """x's type, where `shape` may name only x's own symbolic sizes."""
+    ty = type_of(x)
+    foreign = tuple(d for d in _syms(shape) if d not in ty.syms)
+    if foreign:   # a size of another tensor: nothing ties x's sizes to it
+        raise SymbolicSizeError(foreign, "a shape of another tensor's size")
+    return ty
 
 
 def _has_tensor(tree) -> bool:
@@ -261,7 +300,11 @@ _SHAPE_POLYMORPHIC = {
     "sum", "mean", "amax", "amin", "softmax", "log_softmax",
     "matmul", "mm", "__matmul__", "linear", "addmm", "__setitem__",
     "zeros_like", "ones_like", "empty_like", "full_like",   # their shape is read as the type's (`_like`)
+    "embedding",   # a gather of rows: as many as the index has
 }
+# Views of new sizes that take a symbolic size through as a whole dim: their handlers read the
+# IR type's shape, and sizes read off the tensor (`x.shape[0]`) as Syms (Lowering.reshape).
+_SIZED_VIEWS = {"reshape", "view", "unsqueeze", "squeeze", "flatten", "expand"}
 # Factories that take a symbolic size as a size (`torch.zeros(seq_len, h)`, `x.new_zeros(steps, b, h)`).
 _SIZED_FACTORIES = {"zeros", "empty", "ones", "full", "new_zeros", "new_empty", "new_ones", "new_full"}
 
@@ -270,7 +313,7 @@ def _size_blind(func, name: str) -> bool:
     if name == "__get__":
         return not any(getattr(func, "__self__", None) is getattr(torch.Tensor, p) for p in _SIZE_PROPERTIES)
     base = _inplace_base(name)   # an in-place op writes its out-of-place result (L.write checks the shapes)
-    return name in _SIZE_BLIND_NAMES or name in _SHAPE_POLYMORPHIC or \
+    return name in _SIZE_BLIND_NAMES or name in _SHAPE_POLYMORPHIC or name in _SIZED_VIEWS or \
         base is not None and (base in _SHAPE_POLYMORPHIC or f"__{base}__" in _SHAPE_POLYMORPHIC)
 
 
@@ -306,7 +349,7 @@ def _specialize_sizes(func, args, kwargs, name: str):
     syms = tuple(s for x in sized for s in type_of(x).syms)
     own_metadata = name in _METADATA or name == "__get__"
     syms += tuple(x.sym for x in leaves if isinstance(x, SizeProxy) and not (own_metadata and x is args[0])
-                  and name not in _SIZED_FACTORIES)
+                  and name not in _SIZED_FACTORIES and name not in _SIZED_VIEWS)
     if syms:
         raise SymbolicSizeError(tuple(dict.fromkeys(syms)), f"`{name}`")
 
@@ -957,7 +1000,7 @@ def _view(L, x, *shape):
     shape = _shape_args(shape)
     _check_layout_known(x, "viewing")
     try:
-        L.meta(x).view(shape)
+        L.meta(x).view(TensorType(shape, x.dtype).hinted.shape if _syms(shape) else shape)
     except RuntimeError as e:
         raise UnsupportedError(f"view{tuple(shape)}: {e}", hint="use reshape(), or .contiguous() first") from None
     return L.reshape(x, shape)
@@ -967,24 +1010,27 @@ register("view_as")(lambda L, x, other: _view(L, x, tuple(other.shape)))
 register("reshape_as")(lambda L, x, other: L.reshape(x, tuple(other.shape)))
 
 
+# The shapes below are the IR type's: a symbolic size stays one (never 1: sizes 0 and 1 are
+# compiled apart, so squeeze never drops it).
+
 @register("flatten")
 def _flatten(L, x, start_dim=0, end_dim=-1):
     if x.dim() == 0:
         return L.reshape(x, (1,))
-    s, e = start_dim % x.dim(), end_dim % x.dim()
-    return L.reshape(x, tuple(x.shape[:s]) + (-1,) + tuple(x.shape[e + 1:]))
+    s, e, shape = start_dim % x.dim(), end_dim % x.dim(), type_of(x).shape
+    return L.reshape(x, shape if s == e else shape[:s] + (-1,) + shape[e + 1:])
 
 
 @register("unsqueeze")
 def _unsqueeze(L, x, dim):
-    d = dim % (x.dim() + 1)
-    return L.reshape(x, tuple(x.shape[:d]) + (1,) + tuple(x.shape[d:]))
+    d, shape = dim % (x.dim() + 1), type_of(x).shape
+    return L.reshape(x, shape[:d] + (1,) + shape[d:])
 
 
 @register("squeeze")
 def _squeeze(L, x, dim=None):
     dims = set(range(x.dim())) if dim is None else set(_dims(dim, x.dim()))
-    return L.reshape(x, tuple(s for i, s in enumerate(x.shape) if not (i in dims and s == 1)))
+    return L.reshape(x, tuple(s for i, s in enumerate(type_of(x).shape) if not (i in dims and s == 1)))
 
 
 @register("transpose", "swapaxes", "swapdims")
@@ -1001,9 +1047,7 @@ register("permute")(lambda L, x, *dims: L.permute(x, _shape_args(dims)))
 
 @register("expand")
 def _expand(L, x, *sizes):
-    sizes = _shape_args(sizes)
-    shape = tuple(_meta(x).expand(sizes).shape)
-    return x if shape == tuple(x.shape) else L.expand(x, shape)
+    return L.expand(x, _shape_args(sizes))
 
 
 register("expand_as")(lambda L, x, other: _expand(L, x, tuple(other.shape)))

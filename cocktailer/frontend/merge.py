@@ -31,6 +31,7 @@ from cocktailer.frontend.alias import Chain, Storage, ViewStep, chain_dynamic, c
 from cocktailer.frontend.tracer import Proxy, Tracer, Undefined, contiguous_meta, type_of
 from cocktailer.ir import BOOL, INDEX, Op, Region, SymbolicSizeError, TensorType, Value
 from cocktailer.ir.ops import SEMANTICS
+from cocktailer.ir.infer import hinted_attrs
 
 Target = tuple   # ("outer", Storage) or ("slot", slot key)
 
@@ -415,5 +416,5 @@ def chain_meta(meta: torch.Tensor, chain: Chain) -> torch.Tensor:
     """The layout a view chain gives (dynamic indices taken as 0: they move the offset only)."""
     with torch._C.DisableTorchFunction():
         for step in chain:
-            meta = SEMANTICS[step.op](meta, *(_META_INDEX for _ in step.dynamic), **step.kwargs)
+            meta = SEMANTICS[step.op](meta, *(_META_INDEX for _ in step.dynamic), **hinted_attrs(step.kwargs))
     return meta

@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from cocktailer.ir.ops import SEMANTICS, Op
+from cocktailer.ir.types import Sym
 
 
 @dataclass(frozen=True)
@@ -60,11 +61,14 @@ class Boundary:
         for kind, index, k in self.written:
             (inputs[index] if kind == "input" else constants[index]).copy_(yields[k])
 
-    def outputs_of(self, yields: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], constants: dict) -> list:
-        memory = self._slots(yields, inputs, constants)
-        return [self._view(o, yields, inputs, constants, memory) for o in self.outputs]
+    def outputs_of(self, yields: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], constants: dict,
+                   sizes: dict | None = None) -> list:
+        """The program's outputs, views rebuilt on the call's tensors; `sizes`: the call's
+        value of each symbolic size (a view step's shape may name one)."""
+        memory = self._slots(yields, inputs, constants, sizes or {})
+        return [self._view(o, yields, inputs, constants, memory, sizes or {}) for o in self.outputs]
 
-    def _slots(self, yields, inputs, constants) -> list[torch.Tensor | None]:
+    def _slots(self, yields, inputs, constants, sizes: dict) -> list[torch.Tensor | None]:
         """Each slot's memory; a slot that is a view of another slot waits for it."""
         memory: list = [None] * len(self.slots)
         pending = list(range(len(self.slots)))
@@ -75,7 +79,7 @@ class Boundary:
                 if view is None:
                     memory[s] = yields[self.slots[s].value]
                 elif view.source != "slot" or memory[view.index] is not None:
-                    memory[s] = self._view(view, yields, inputs, constants, memory)
+                    memory[s] = self._view(view, yields, inputs, constants, memory, sizes)
                 else:
                     left.append(s)
             if len(left) == len(pending):   # a cycle of flags that cannot all hold: take the values
@@ -86,9 +90,12 @@ class Boundary:
         return memory
 
     @staticmethod
-    def _view(view: View, yields, inputs, constants, memory) -> torch.Tensor:
+    def _view(view: View, yields, inputs, constants, memory, sizes: dict) -> torch.Tensor:
         x = inputs[view.index] if view.source == "input" else constants[view.index] if view.source == "const" \
             else memory[view.index]
         for op, attrs, dynamic in view.steps:
-            x = SEMANTICS[Op[op]](x, *(yields[k] for k in dynamic), **dict(attrs))
+            attrs = dict(attrs)
+            if "shape" in attrs:
+                attrs["shape"] = tuple(sizes.get(d, d) if isinstance(d, Sym) else d for d in attrs["shape"])
+            x = SEMANTICS[Op[op]](x, *(yields[k] for k in dynamic), **attrs)
         return x

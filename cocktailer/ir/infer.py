@@ -53,9 +53,10 @@ def _infer_symbolic(op: Op, operand_types: Sequence[TensorType], attrs: dict[str
       result dim is then a number (the same both times), or one of the sizes (its value both
       times); a dim that is neither (`s - 1`, `2 * s`: a reshape, a slice) needs the sizes
       as numbers, and so do operands whose sizes must be equal (two symbolic sizes added:
-      they may differ between calls);
+      they may differ between calls). A reshape's or expand's `shape` may name the operand's
+      sizes (_SHAPED): each is then put in at both values too;
     - any other op needs the sizes as numbers: its attributes may hold sizes computed from
-      the captured values (a reshape's shape, a gather's constant indices)."""
+      the captured values (a constant index tensor, a pooling window)."""
     syms = tuple(dict.fromkeys(s for t in operand_types for s in t.syms))
     if op is Op.DIM:
         return TensorType((), torch.int64)
@@ -63,9 +64,10 @@ def _infer_symbolic(op: Op, operand_types: Sequence[TensorType], attrs: dict[str
         raise SymbolicSizeError(syms, op.name.lower())
     if op in (Op.SELECT, Op.UPDATE):
         _check_key(op, operand_types, attrs)
-    if _syms_in(tuple(attrs.values())):
-        raise SymbolicSizeError(syms, f"{op.name.lower()}'s attributes")
-    captured = infer_type(op, [t.hinted for t in operand_types], attrs)
+    in_attrs = _syms_in(tuple(attrs.values()))
+    if in_attrs and (op not in _SHAPED or not set(in_attrs) <= set(syms)):
+        raise SymbolicSizeError(in_attrs, f"{op.name.lower()}'s attributes")
+    captured = infer_type(op, [t.hinted for t in operand_types], _attrs_at(attrs, {s: s.hint for s in syms}))
     shape = _shape_from_probe(op, operand_types, attrs, captured, syms)
     if shape is None:   # blame the sizes that fail on their own (a matmul's K, not its M)
         culprits = tuple(s for s in syms if _shape_from_probe(op, operand_types, attrs, captured, (s,)) is None)
@@ -78,7 +80,8 @@ def _shape_from_probe(op: Op, operand_types, attrs, captured: TensorType, syms: 
     """The result's shape with `syms` symbolic (the others at their captured values), or None."""
     probes = _probe_values(syms, operand_types)
     try:
-        probed = infer_type(op, [_at(t, probes).hinted for t in operand_types], attrs)
+        probed = infer_type(op, [_at(t, probes).hinted for t in operand_types],
+                            _attrs_at(attrs, probes))
     except Exception:
         return None
     if probed.rank != captured.rank or probed.dtype != captured.dtype:
@@ -113,7 +116,11 @@ def _check_key(op: Op, operand_types: Sequence[TensorType], attrs: dict):
 # Ops whose result's sizes are its operands' (or numbers) for every size: what type inference
 # takes symbolic sizes through.
 _POLYMORPHIC = ELEMENTWISE | REDUCE | {Op.MATMUL, Op.SOFTMAX, Op.LOG_SOFTMAX, Op.CAST, Op.SELECT, Op.UPDATE, Op.CAT,
-                                      Op.PERMUTE}
+                                      Op.PERMUTE, Op.GATHER, Op.RESHAPE, Op.EXPAND}
+# Of those, the ops whose `shape` attribute may name an operand's symbolic size as a whole dim
+# (`x.view(x.shape[0], 1, -1)`, `x.unsqueeze(1)`): inferred with it at each value, like the
+# operands' (a reshape that keeps the element count at both values keeps it at every value).
+_SHAPED = {Op.RESHAPE, Op.EXPAND}
 _WHOLE = {(None, None, None), (0, None, None), (None, None, 1), (0, None, 1)}
 
 
@@ -141,6 +148,18 @@ _PROBE = 10007
 
 def _at(ty: TensorType, values: dict) -> TensorType:
     return TensorType(tuple(values.get(d, d) for d in ty.shape), ty.dtype) if ty.syms else ty
+
+
+def hinted_attrs(attrs: dict) -> dict:
+    """A shaped op's attributes with its symbolic sizes at their captured values (for meta tensors)."""
+    return _attrs_at(attrs, {})
+
+
+def _attrs_at(attrs: dict, values: dict) -> dict:
+    """A shaped op's attributes with its symbolic sizes at these values (else at their captured ones)."""
+    if "shape" not in attrs or not _syms_in(tuple(attrs["shape"])):
+        return attrs
+    return {**attrs, "shape": tuple(values.get(d, d.hint) if isinstance(d, Sym) else d for d in attrs["shape"])}
 
 
 def _memo_key(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any]) -> tuple | None:

@@ -64,9 +64,9 @@ class ReferenceExecutor:
             attrs = op.attrs
             if kind in CREATION:
                 attrs = {**attrs, "device": self.program.device}
-                if kind is Op.FULL:   # a symbolic size: the call's
-                    sizes = getattr(self._call, "sizes", {})
-                    attrs["shape"] = tuple(sizes.get(d, d) for d in attrs["shape"])
+            if "shape" in attrs and any(isinstance(d, Sym) for d in attrs["shape"]):   # symbolic sizes: the call's
+                sizes = getattr(self._call, "sizes", {})
+                attrs = {**attrs, "shape": tuple(sizes.get(d, d) for d in attrs["shape"])}
             outs = [SEMANTICS[kind](*(env[v.id] for v in op.operands), **attrs)]
         for r, value in zip(op.results, outs):
             env[r.id] = value

@@ -22,7 +22,7 @@ INT_INDEX = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 def _flat_copy(ctx: KernelContext, out: Value, src: str) -> str:
-    n = numel(out.type.shape)
+    n = numel(c_shape(ctx, out.type.shape))
     if n == 0:
         return ""
     T = ctype(out.type.dtype)
@@ -196,18 +196,18 @@ def render_gather(op: Operation, ctx: KernelContext) -> str:
     x, idx = op.operands
     out = op.results[0]
     d = op.attrs["dim"]
-    shape = tuple(x.type.shape)
-    P, D, Q, NI = numel(shape[:d]), shape[d], numel(shape[d + 1:]), numel(idx.type.shape)
-    if P * NI * Q == 0:
+    shape = c_shape(ctx, x.type.shape)
+    P, D, Q, NI = numel(shape[:d]), shape[d], numel(shape[d + 1:]), numel(c_shape(ctx, idx.type.shape))
+    if product(P, NI, Q) == 0:
         return ""
     T, I = ctype(out.type.dtype), ctype(idx.type.dtype)
     return block(f"const {T}* k_x = {ctx.ptr(x)}; const {I}* k_ix = {ctx.ptr(idx)}; {T}* k_y = {ctx.ptr(out)};",
                  "int k_bad = 0;",   # every worker checks every index, so all agree
                  f"for (int64_t k_i = 0; k_i < {NI}; ++k_i) k_bad |= ck_wrap((int64_t)k_ix[k_i], {D}) < 0;",
                  f"if (k_bad) {ctx.fail(f'index out of range for dimension {d} of size {D}')}",
-                 split(ctx, P * NI, 1),
+                 split(ctx, product(P, NI), 1),
                  "for (int64_t k_t = k_lo; k_t < k_hi; ++k_t) {",
                  f"const int64_t k_p = k_t / {NI}, k_i = k_t - k_p * {NI};",
                  f"const int64_t k_s = (k_p * {D} + ck_wrap((int64_t)k_ix[k_i], {D})) * {Q};",
-                 f"memcpy(k_y + k_t * {Q}, k_x + k_s, {Q} * sizeof({T}));" if Q > 1 else "k_y[k_t] = k_x[k_s];",
+                 f"memcpy(k_y + k_t * {Q}, k_x + k_s, {Q} * sizeof({T}));" if Q != 1 else "k_y[k_t] = k_x[k_s];",
                  "}")
