@@ -604,3 +604,20 @@ def test_views_that_keep_a_symbolic_size_one_dim_keep_it_symbolic(backend):
     merged = cocktailer.compile(a_size_computed_by_a_reshape, backend=backend, dynamic=True)
     run_all(merged, a_size_computed_by_a_reshape, lengths(5, 2, 9))
     assert len(merged.cache) == 3 and not symbolic_programs(merged)
+
+
+def pooled_classifier(x, w):
+    h = torch.nn.functional.layer_norm(x, (8,))
+    a, b = h.chunk(2, 1)                           # along the features
+    g = torch.stack([a.tanh(), b.sigmoid()])       # [2, n, 4]
+    pooled, where = g.max(1)                       # over time
+    scores = (x.to(torch.float64) @ w.double()).float().contiguous()
+    return pooled, where, scores.argmax(1), x.norm(dim=1), scores.clone().min(0)[0]
+
+
+@pytest.mark.parametrize("backend", backends_under_test())
+def test_normalization_pooling_over_time_and_casts_take_the_length_symbolic(backend):
+    w = torch.randn(8, 3, generator=torch.Generator().manual_seed(3))
+    fast = cocktailer.compile(pooled_classifier, backend=backend, dynamic=True)
+    run_all(fast, pooled_classifier, [(x, w) for (x,) in lengths(5, 2, 9, width=8)])
+    assert len(fast.cache) == 1 and length_is_symbolic(fast)

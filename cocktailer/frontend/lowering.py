@@ -301,6 +301,10 @@ _SHAPE_POLYMORPHIC = {
     "matmul", "mm", "__matmul__", "linear", "addmm", "__setitem__",
     "zeros_like", "ones_like", "empty_like", "full_like",   # their shape is read as the type's (`_like`)
     "embedding",   # a gather of rows: as many as the index has
+    "max", "min", "argmax", "argmin", "norm", "layer_norm", "stack",   # reductions by their kernels' run-time counts
+    "clone", "__deepcopy__", "contiguous", "detach", "to", "type", "type_as", "float", "double", "half", "bfloat16",
+    "long", "int", "bool", "cpu", "cuda",
+    "split", "chunk",   # they slice by the dim's size: of a symbolic dim, only partly (type inference refuses that)
 }
 # Views of new sizes that take a symbolic size through as a whole dim: their handlers read the
 # IR type's shape, and sizes read off the tensor (`x.shape[0]`) as Syms (Lowering.reshape).

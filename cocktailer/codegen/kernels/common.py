@@ -49,6 +49,14 @@ def product(*factors) -> "int | str":
     return "(" + " * ".join(([str(number)] if number != 1 else []) + exprs) + ")"
 
 
+def total(*terms) -> "int | str":
+    """The sum of numbers and C expressions: a number where all are."""
+    number, exprs = sum(t for t in terms if not isinstance(t, str)), [t for t in terms if isinstance(t, str)]
+    if not exprs:
+        return number
+    return "(" + " + ".join(exprs + ([str(number)] if number else [])) + ")"
+
+
 def ceil_div(n: "int | str", d: int) -> "int | str":
     return -(-n // d) if isinstance(n, int) else f"(({n} + {d - 1}) / {d})"
 

@@ -13,7 +13,7 @@ import torch
 
 from cocktailer.codegen.kernels.common import (block, broadcast_strides, c_shape, ceil_div, collapse, convert, grain,
                                                map_kernel, numel, offset_expr, product, split, strided_copy,
-                                               strides_of)
+                                               strides_of, total)
 from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.ir import Operation, SymbolicSizeError, Value
 from cocktailer.ir.infer import takes_whole
@@ -77,10 +77,10 @@ def render_cat(op: Operation, ctx: KernelContext) -> str:
     if n == 0:
         return ""
     d = op.attrs["dim"] % len(shape)
+    if isinstance(shape[d], str):   # the operands' sizes along it would be sums of sizes
+        raise SymbolicSizeError(out.type.shape[d], "a concatenation along a symbolic dim")
     inner = numel(shape[d + 1:])
-    row = product(shape[d], inner)
-    if isinstance(row, str):   # where each operand's part of a row starts: numbers only
-        raise SymbolicSizeError(out.type.syms, "a concatenation along or inside a symbolic dim")
+    row = product(shape[d], inner)   # an expression where a dim inside the rows is symbolic
     T = ctype(out.type.dtype)
     lines = [f"{T}* k_y = {ctx.ptr(out)};", split(ctx, n, grain(out.type.dtype)),
              "for (int64_t k_i = k_lo; k_i < k_hi; ) {",
@@ -88,18 +88,18 @@ def render_cat(op: Operation, ctx: KernelContext) -> str:
              f"{T}* k_q = k_y + k_r * {row};"]
     off = 0
     for t, v in enumerate(op.operands):
-        length = v.type.shape[d] * inner if len(v.type.shape) == len(shape) else 0
+        length = product(v.type.shape[d], inner) if len(v.type.shape) == len(shape) else 0
         if length == 0:
             continue
         src = v.type.dtype
         lines.append(f"{{ const {ctype(src)}* k_s = {ctx.ptr(v)} + k_r * {length};")
-        lines.append(f"const int64_t k_a = CK_MAX(k_c, {off}), k_b = CK_MIN(k_e, {off + length});")
+        lines.append(f"const int64_t k_a = CK_MAX(k_c, {off}), k_b = CK_MIN(k_e, {total(off, length)});")
         if src == out.type.dtype:
             lines.append(f"if (k_a < k_b) memcpy(k_q + k_a, k_s + (k_a - {off}), (size_t)(k_b - k_a) * sizeof({T})); }}")
         else:
             lines.append(ctx.simd())
             lines.append(f"for (int64_t k_j = k_a; k_j < k_b; ++k_j) k_q[k_j] = {convert(f'k_s[k_j - {off}]', src, out.type.dtype)}; }}")
-        off += length
+        off = total(off, length)
     lines += ["k_i += k_e - k_c;", "}"]
     return block(*lines)
 
