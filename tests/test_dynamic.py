@@ -504,21 +504,28 @@ def project(x, w):
     return torch.relu(x @ w).sum(0)
 
 
+def script_profiler(monkeypatch, specialized_faster_at=None):
+    """The measured policy's profiler, replaced: every candidate takes 1 s (the first of equals
+    is kept), and a program specialized at a sample's sizes 0.5 s where its first input's
+    length is `specialized_faster_at`, else 1 s. No test times anything."""
+    from cocktailer.backend import measured
+
+    class Scripted(measured.Profiler):
+        def compare(self, runs):
+            if len(runs) != 2 or len(self.samples) != 1:   # the search's candidates and confirmation
+                return [1.0] * len(runs)
+            (sample,) = self.samples
+            return [1.0, 0.5] if sample[0].shape[0] == specialized_faster_at else [1.0, 1.0]
+    monkeypatch.setattr(measured, "Profiler", Scripted)
+
+
 @pytest.mark.skipif("cpu" not in backends_under_test(), reason="needs a C compiler")
 def test_the_measured_policy_specializes_the_sample_sizes_where_that_measured_faster(monkeypatch):
     """Under the measured policy a symbolic program is timed, at each sample's sizes, against
     its kept candidate specialized at them; calls of a size whose specialized program was
     faster run it, every other size the symbolic program. The profiler is replaced by one
     that reports the specialized program faster only at length 9 (no test times anything)."""
-    from cocktailer.backend import measured
-
-    class Scripted(measured.Profiler):
-        def compare(self, runs):
-            if len(runs) == 1:   # the search's one candidate
-                return [1.0]
-            (sample,) = self.samples
-            return [1.0, 0.5] if sample[0].shape[0] == 9 else [1.0, 1.0]
-    monkeypatch.setattr(measured, "Profiler", Scripted)
+    script_profiler(monkeypatch, specialized_faster_at=9)
     w = torch.randn(16, 8)
     xs = {n: torch.randn(n, 16) for n in (5, 9, 13, 21)}
     options = {"policy": "measured", "steps": ["control flow at L1"], "samples": [(xs[9], w), (xs[13], w)]}
@@ -532,6 +539,28 @@ def test_the_measured_policy_specializes_the_sample_sizes_where_that_measured_fa
     text = cocktailer.explain(fast, (xs[21], w), file=None)
     assert "| s0 = 9 | 1000 | 500 | the specialized program |" in text
     assert "| s0 = 13 | 1000 | 1000 | the symbolic program |" in text
+
+
+def running_sum(x, w):
+    h = torch.zeros(w.shape[1])
+    for t in range(x.shape[0]):
+        h = torch.tanh(x[t] @ w + h)
+    return h
+
+
+@pytest.mark.skipif("cpu" not in backends_under_test(), reason="needs a C compiler")
+def test_measured_candidates_that_need_sizes_as_numbers_are_left_out_not_the_symbolic_program(monkeypatch):
+    """The host backend compiles for numbers: its candidates fail for a symbolic program, and
+    the search goes on with the others instead of specializing the whole program."""
+    script_profiler(monkeypatch)
+    w = torch.randn(4, 4) * 0.5
+    options = {"policy": "measured", "steps": ["host level", "control flow at L1"]}
+    fast = cocktailer.compile(running_sum, backend="cpu", dynamic=True, options=options)
+    run_all(fast, running_sum, [(x, w) for (x,) in lengths(6, 3)])
+    assert len(fast.cache) == 1 and length_is_symbolic(fast)
+    (_, tuned), = fast.cache.values()
+    host, l1 = tuned.trials[:2]
+    assert host.step == "host level" and host.error.startswith("needs sizes as numbers") and l1.kept
 
 
 class LSTMTagger(torch.nn.Module):

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from cocktailer.ir import CONTROL, Program
+from cocktailer.ir import CONTROL, Program, SymbolicSizeError
 from cocktailer.ir.analysis import HasKernel, has_independent_calls, native_legal, nesting_depths, \
     runs_in_python, unrollable
 
@@ -86,6 +86,7 @@ def search(program: Program, start: Candidate, measure: Callable[[Candidate], fl
     steps, workers = start.steps, start.workers
     trials: list[Trial] = []
     best: list[Trial] = []   # the kept trial (at most one)
+    needs_numbers: list[SymbolicSizeError] = []   # candidates that cannot take the program's symbolic sizes
 
     def attempt(step: str, candidate: Candidate):
         if step not in steps:
@@ -94,6 +95,10 @@ def search(program: Program, start: Candidate, measure: Callable[[Candidate], fl
         trials.append(trial)
         try:
             trial.seconds = measure(candidate)
+        except SymbolicSizeError as exc:   # (the host backend compiles for numbers): left out too
+            trial.error = f"needs sizes as numbers: {exc}"
+            needs_numbers.append(exc)
+            return
         except Exception as exc:   # a candidate that fails to build is left out, with its reason
             trial.error = f"{type(exc).__name__}: {exc}"
             return
@@ -129,6 +134,8 @@ def search(program: Program, start: Candidate, measure: Callable[[Candidate], fl
         attempt("wavefront", replace(base, wavefront=True, fine_barriers=False))
         attempt("fine-grained barriers", replace(best_at_l1(), wavefront=True, fine_barriers=True))
     if not best:
+        if needs_numbers:   # the caller compiles for the sizes as numbers and searches again
+            raise needs_numbers[0]
         raise NoCandidate(trials)
     if confirm is not None and best[0].candidate != everything_at_l1 and \
             any(t.candidate == everything_at_l1 and t.seconds is not None for t in trials):
