@@ -650,3 +650,16 @@ def test_normalization_pooling_over_time_and_casts_take_the_length_symbolic(back
     fast = cocktailer.compile(pooled_classifier, backend=backend, dynamic=True)
     run_all(fast, pooled_classifier, [(x, w) for (x,) in lengths(5, 2, 9, width=8)])
     assert len(fast.cache) == 1 and length_is_symbolic(fast)
+
+
+def batch_first_attention(x):
+    q = x.T.unsqueeze(0).transpose(1, 2)       # [1, n, 8]: an unsqueeze of a transposed layout
+    scores = (q @ q.transpose(1, 2)).softmax(-1)   # a batched product of [1, n, 8] and [1, 8, n]
+    return (scores @ q).squeeze(0)
+
+
+@pytest.mark.parametrize("backend", backends_under_test())
+def test_batched_products_of_a_symbolic_length_keep_it_symbolic(backend):
+    fast = cocktailer.compile(batch_first_attention, backend=backend, dynamic=True)
+    run_all(fast, batch_first_attention, lengths(5, 2, 9, width=8))
+    assert len(fast.cache) == 1 and length_is_symbolic(fast)

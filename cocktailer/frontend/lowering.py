@@ -103,7 +103,8 @@ class Lowering:
         if out.shape == ty.shape:
             return x
         _check_layout_known(x, "reshaping")
-        if not self.meta(x).is_contiguous():
+        if not (self.meta(x).is_contiguous() or _ones_only(ty.shape, out.shape)):
+            # whether torch gives a view could depend on the sizes (strides are their products)
             raise SymbolicSizeError(ty.syms, "a reshape of a non-contiguous layout")
         return self.view(x, Op.RESHAPE, self.meta(x).reshape(out.hinted.shape), shape=out.shape)
 
@@ -201,6 +202,12 @@ def _shape_args(args) -> tuple:
 
 def _syms(shape) -> tuple:
     return tuple(d for d in shape if isinstance(d, Sym))
+
+
+def _ones_only(shape: tuple, new_shape: tuple) -> bool:
+    """The reshape only inserts or removes dims of size 1 (unsqueeze, squeeze): a view of any
+    layout, for every size."""
+    return [d for d in shape if d != 1] == [d for d in new_shape if d != 1]
 
 
 def _symbolic_operand(x, shape: tuple) -> TensorType:

@@ -30,9 +30,10 @@ def supported(op: Operation) -> bool:
 
 def _geometry(op: Operation, ctx: KernelContext | None = None):
     """(batch shape, A's and B's element strides per batch dim, M, K, N, hints of M and N).
-    Where B is one matrix (A's batch folded into its rows: one tall GEMM), M, K and N may be
-    run-time sizes (C expressions: `ctx.size` of the symbolic dims); a batched product of a
-    symbolic size raises."""
+    M, K and N may be run-time sizes (C expressions: `ctx.size` of the symbolic dims), and so
+    may the strides; where B is one matrix, A's batch is folded into its rows (one tall GEMM),
+    so its batch dims may be too. A batched B's batch dims must be numbers (the batch is
+    broadcast at compile time)."""
     sa, sb = tuple(op.operands[0].type.shape), tuple(op.operands[1].type.shape)
     a_vec, b_vec = len(sa) == 1, len(sb) == 1
     M = 1 if a_vec else sa[-2]
@@ -40,17 +41,18 @@ def _geometry(op: Operation, ctx: KernelContext | None = None):
     N = 1 if b_vec else sb[-1]
     a_batch = () if a_vec else sa[:-2]
     b_batch = () if b_vec else sb[:-2]
-    if b_batch and (op.operands[0].type.syms or op.operands[1].type.syms):
-        raise SymbolicSizeError(op.operands[0].type.syms + op.operands[1].type.syms, "a batched matmul")
+    size = ctx.size if ctx is not None else str
+    c = lambda *dims: product(*(size(d) if isinstance(d, Sym) else d for d in dims))   # noqa: E731
     if not b_batch:   # fold A's batch into its rows: one tall GEMM
-        size = ctx.size if ctx is not None else str
-        c = lambda *dims: product(*(size(d) if isinstance(d, Sym) else d for d in dims))   # noqa: E731
         rows = (*a_batch, M)
         return (), [], [], c(*rows), c(K), c(N), hint(rows), hint((N,))
+    batch_syms = tuple(d for d in a_batch + b_batch if isinstance(d, Sym))
+    if batch_syms:
+        raise SymbolicSizeError(batch_syms, "a batched matmul's batch dims")
     batch = tuple(torch.broadcast_shapes(a_batch, b_batch))
-    sta = [s * M * K for s in broadcast_strides(a_batch, batch)]
-    stb = [s * K * N for s in broadcast_strides(b_batch, batch)]
-    return batch, sta, stb, M, K, N, M, N
+    sta = [c(s, M, K) for s in broadcast_strides(a_batch, batch)]
+    stb = [c(s, K, N) for s in broadcast_strides(b_batch, batch)]
+    return batch, sta, stb, c(M), c(K), c(N), hint((M,)), hint((N,))
 
 
 def path(op: Operation) -> str:
