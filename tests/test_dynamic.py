@@ -663,3 +663,28 @@ def test_batched_products_of_a_symbolic_length_keep_it_symbolic(backend):
     fast = cocktailer.compile(batch_first_attention, backend=backend, dynamic=True)
     run_all(fast, batch_first_attention, lengths(5, 2, 9, width=8))
     assert len(fast.cache) == 1 and length_is_symbolic(fast)
+
+
+class Halving(torch.nn.Module):
+    """Recursion whose frames hold values of the sequence's length ([n, 4], then [n] scores)."""
+
+    def forward(self, x, depth):
+        return self.rec(x, depth)
+
+    def rec(self, x, depth):
+        if depth <= 0:
+            return x.sum(0)
+        y = torch.tanh(x * 0.5)
+        scores = (y @ y.sum(0)).softmax(0)
+        return self.rec(y, depth - 1) + 0.5 * self.rec(x * scores.unsqueeze(1), depth - 1)
+
+
+@pytest.mark.parametrize("backend, options", [(b, None) for b in backends_under_test()] +
+                         ([("cpu", {"fan_out": True})] if "cpu" in backends_under_test() else []))
+def test_values_of_a_symbolic_size_in_recursive_frames_are_sized_at_call_time(backend, options):
+    """Each frame's fixed part, then the values of symbolic sizes; the stack is the call's
+    frame size apart (and grows for a longer sequence); with fan-out, one stack per group."""
+    m = Halving().eval()
+    fast = cocktailer.compile(m, backend=backend, dynamic=True, options=options)
+    run_all(fast, m, [(x, torch.tensor(3)) for (x,) in lengths(5, 2, 40, 9)])
+    assert len(fast.cache) == 1 and length_is_symbolic(fast)

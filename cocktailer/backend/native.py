@@ -118,7 +118,7 @@ def _entry(part: Part) -> Entry:
                  [_constant(program, rendered, name) for name in plan.const_names],
                  plan.arena_bytes, plan.frame_bytes, plan.locals_per_frame, part.uprogram.fans_out,
                  part.uprogram.co_scheduled or part.uprogram.fine_barriers,
-                 program.sizes, tuple(plan.dynamic))
+                 program.sizes, tuple(plan.dynamic), tuple(plan.frame_dynamic))
 
 
 def _constant(program: Program, rendered: Rendered, name: str):

@@ -49,7 +49,8 @@ class Renderer:
         self.signatures: dict[str, int] = {}     # function -> number of buffer arguments
         self.prepacked: dict[str, tuple[str, int]] = {}   # constant slot name -> (source constant, NR)
         self.size_slots = {sym: SIZES_AT + k for k, (sym, _, _) in enumerate(self.program.sizes)}
-        self.dynamic_at = SIZES_AT + len(self.program.sizes)   # err[]: then the dynamic slots' offsets
+        self.dynamic_at = SIZES_AT + len(self.program.sizes)   # err[]: then the dynamic slots' offsets,
+        self.frame_dynamic_at = self.dynamic_at + len(plan.dynamic)   # those in a frame, the frame's bytes
 
     # -- addressing -------------------------------------------------------------------
     def size(self, dim) -> str:
@@ -76,6 +77,8 @@ class Renderer:
             return f"(&CT_L[{buf.offset}])"
         if buf.space == "dynamic":   # at the offset the runtime computed for this call's sizes
             return f"(({ty}*)(arena + err[{self.dynamic_at + buf.offset}]))"
+        if buf.space == "frame_dynamic":   # the same, from the frame
+            return f"(({ty}*)({base or 'fp'} + err[{self.frame_dynamic_at + buf.offset}]))"
         return f"(({ty}*)({base or self._base(buf.space)} + {buf.offset}))"
 
     def _base(self, space: str) -> str:
@@ -321,11 +324,15 @@ class Renderer:
         main = self.program.main
         self.emit(f"{d.function_prefix}int64_t {self.entry}(void** in, void** out, void** cst, char* arena, "
                   "char* stack_all, int64_t max_depth, int64_t* locals, int64_t* rets, int64_t* err, int nw) {")
-        self.emit(f"  enum {{ FRAME = {max(plan.frame_bytes, 64)}, NLOC = {plan.locals_per_frame} }};")
+        if plan.frame_dynamic:   # values of symbolic sizes in frames: the frame's size is the call's
+            self.emit(f"  enum {{ NLOC = {plan.locals_per_frame} }}; "
+                      f"const int64_t FRAME = err[{self.frame_dynamic_at + len(plan.frame_dynamic)}];")
+        else:
+            self.emit(f"  enum {{ FRAME = {max(plan.frame_bytes, 64)}, NLOC = {plan.locals_per_frame} }};")
         self.emit("  err[0] = 0; err[1] = 0;   /* an error code; how often workers were preempted */")
         self.emit("  /* err[2]: the SIGINT counter's address (0: none); err[3]: the most iterations of a loop (0: any); */")
         self.emit("  /* err[4...]: the call's symbolic sizes (Program.sizes), then the offsets of the values of */")
-        self.emit("  /* symbolic sizes in the arena (MemoryPlan.dynamic) */")
+        self.emit("  /* symbolic sizes in the arena (MemoryPlan.dynamic), those in a frame and the frame's bytes */")
         self.emit("  const int64_t* const ct_sigints = err[2] ? (const int64_t*)(intptr_t)err[2] : &err[2];")
         self.emit("  const int64_t ct_sigints0 = CT_LOAD_RELAXED(ct_sigints);")
         self.emit("  const int64_t ct_max_iterations = err[3] > 0 ? err[3] : INT64_MAX;")

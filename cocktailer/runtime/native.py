@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
@@ -54,15 +54,27 @@ class Entry:
     sizes: tuple = ()                 # (Sym, input, dim) of each symbolic size, in the order err[ERR_SIZES:] holds them
     dynamic: tuple = ()               # the type of each value of a symbolic size the arena holds after
                                       # arena_bytes (err[] holds their offsets after the sizes)
+    frame_dynamic: tuple = ()         # the same after each frame's frame_bytes (err[]: their offsets, then
+                                      # the frame's size)
 
     def arena_layout(self, sizes: dict) -> tuple[list[int], int]:
         """For a call's sizes (Sym -> int): the byte offset of each dynamic value in the arena,
         and the bytes the arena then needs."""
-        offsets, top = [], self.arena_bytes
-        for ty in self.dynamic:
-            offsets.append(top)
-            top += -(-_size_of(ty, sizes) * ty.dtype.itemsize // ARENA_ALIGN) * ARENA_ALIGN or ARENA_ALIGN
-        return offsets, top
+        return _after(self.arena_bytes, self.dynamic, sizes)
+
+    def frame_layout(self, sizes: dict) -> tuple[list[int], int]:
+        """The same for a frame of the recursion stack: offsets from the frame, the frame's bytes."""
+        offsets, top = _after(max(self.frame_bytes, 64), self.frame_dynamic, sizes)
+        return offsets, -(-top // ARENA_ALIGN) * ARENA_ALIGN
+
+
+def _after(fixed: int, types: tuple, sizes: dict) -> tuple[list[int], int]:
+    """Offsets of values of these types, placed one after another from `fixed` bytes, aligned."""
+    offsets, top = [], fixed
+    for ty in types:
+        offsets.append(top)
+        top += -(-_size_of(ty, sizes) * ty.dtype.itemsize // ARENA_ALIGN) * ARENA_ALIGN or ARENA_ALIGN
+    return offsets, top
 
 
 ARENA_ALIGN = 64
@@ -75,6 +87,15 @@ def _size_of(ty: TensorType, sizes: dict) -> int:
 
 def _shape_of(ty: TensorType, sizes: dict) -> tuple:
     return tuple(sizes.get(d, d) for d in ty.shape) if ty.syms else ty.shape
+
+
+class _Layout(NamedTuple):
+    """Where a call's values of symbolic sizes go (CompiledProgram._layout)."""
+    arena_offsets: list[int]
+    arena_bytes: int
+    frame_offsets: list[int]
+    frame_bytes: int
+    shapes: list[tuple]   # the outputs'
 
 
 class Workers:
@@ -168,33 +189,48 @@ class CompiledProgram:
                 if e.frame_bytes else torch.empty(64, dtype=torch.uint8),
                 torch.empty(self.workers * frames * e.locals_per_frame, dtype=torch.int64),
                 torch.empty(self.workers * frames * SLOTS_PER_FRAME, dtype=torch.int64),
-                (ctypes.c_int64 * (ERR_SIZES + len(e.sizes) + len(e.dynamic)))())   # err[]: see ERR_CODE...
-        return scratch
+                (ctypes.c_int64 * (ERR_SIZES + len(e.sizes) + len(e.dynamic) + len(e.frame_dynamic) + 1))())
+        return scratch   # err[]: see ERR_CODE...; after the sizes, the dynamic offsets, then the frame's bytes
 
-    def _layout(self, values: tuple) -> tuple[list[int], int, list[tuple]]:
-        """For a call's sizes (their values, in entry.sizes's order): the dynamic values' arena
-        offsets, the bytes the arena needs, the outputs' shapes. Kept per sizes: a service
-        meets the same lengths again, and this is per-call work in Python."""
+    def _layout(self, values: tuple) -> "_Layout":
+        """For a call's sizes (their values, in entry.sizes's order): where the values of
+        symbolic sizes go, the outputs' shapes. Kept per sizes: a service meets the same
+        lengths again, and this is per-call work in Python."""
         layout = self._layouts.get(values)
         if layout is None:
             sizes = {sym: n for (sym, _, _), n in zip(self.entry.sizes, values)}
-            offsets, top = self.entry.arena_layout(sizes)
-            layout = (offsets, top, [_shape_of(t, sizes) for t in self.entry.outputs])
+            layout = _Layout(*self.entry.arena_layout(sizes), *self.entry.frame_layout(sizes),
+                             [_shape_of(t, sizes) for t in self.entry.outputs])
             if len(self._layouts) >= _MAX_LAYOUTS:
                 self._layouts.clear()
             self._layouts[values] = layout
         return layout
 
-    def _arena_for(self, offsets: list[int], top: int, err) -> torch.Tensor:
+    def _arena_for(self, layout: "_Layout", err) -> torch.Tensor:
         """The arena, grown if this call's sizes need more than it has (then kept: calls of the
         same or smaller sizes allocate nothing); the dynamic values' offsets into err[]."""
         at = ERR_SIZES + len(self.entry.sizes)
-        for j, offset in enumerate(offsets):
+        for j, offset in enumerate(layout.arena_offsets):
             err[at + j] = offset
+        return self._grown(0, layout.arena_bytes)
+
+    def _stack_for(self, layout: "_Layout", err) -> torch.Tensor:
+        """The same for the recursion stack: its frames are this call's frame size apart."""
+        at = ERR_SIZES + len(self.entry.sizes) + len(self.entry.dynamic)
+        for j, offset in enumerate(layout.frame_offsets):
+            err[at + j] = offset
+        err[at + len(layout.frame_offsets)] = layout.frame_bytes
+        stacks = self.workers if self.entry.stack_per_worker else 1
+        return self._grown(1, layout.frame_bytes * self.max_depth * stacks)
+
+    def _grown(self, k: int, nbytes: int) -> torch.Tensor:
+        """Scratch buffer k (0: arena, 1: stack), grown by half again if it is below nbytes."""
         scratch = self._local.scratch
-        if scratch[0].numel() < top:
-            self._local.scratch = (torch.empty(top + top // 2, dtype=torch.uint8),) + scratch[1:]
-        return self._local.scratch[0]
+        if scratch[k].numel() < nbytes:
+            scratch = list(scratch)
+            scratch[k] = torch.empty(nbytes + nbytes // 2, dtype=torch.uint8)
+            self._local.scratch = tuple(scratch)
+        return self._local.scratch[k]
 
     def _refresh_packed(self):
         """Pack again, in place, the constants whose source changed since they were packed
@@ -229,10 +265,12 @@ class CompiledProgram:
         values = tuple(inputs[position].shape[dim] for _, position, dim in self.entry.sizes)
         for k, n in enumerate(values):
             err[ERR_SIZES + k] = n
-        offsets, top, shapes = self._layout(values)
+        layout = self._layout(values)
         if self.entry.dynamic:
-            arena = self._arena_for(offsets, top, err)
-        outputs = [torch.empty(shape, dtype=t.dtype) for shape, t in zip(shapes, self.entry.outputs)]
+            arena = self._arena_for(layout, err)
+        if self.entry.frame_dynamic:
+            stack = self._stack_for(layout, err)
+        outputs = [torch.empty(shape, dtype=t.dtype) for shape, t in zip(layout.shapes, self.entry.outputs)]
         ins = (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs])
         outs = (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs])
         workers = self.active_workers.choose()

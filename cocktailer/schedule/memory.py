@@ -13,8 +13,8 @@
 - values of a symbolic size (`ir.Sym`: known at call time) get slots after the entry
   function's arena, shared by values of the same size whose live intervals do not overlap:
   the runtime computes the slots' offsets from the call's sizes and grows the arena when a
-  call needs more than it has (`dynamic`). Inside other (recursive) functions they have no
-  place yet: planning raises SymbolicSizeError;
+  call needs more than it has (`dynamic`). Inside other (recursive) functions the same slots
+  follow each frame's fixed part (`frame_dynamic`): the frame's size is then the call's too;
 - calls that fan out (run at once by different worker groups) are live together: each one's
   operands until the last of them starts, the results from the first, so no group writes a
   buffer another group still reads; so are the ops of a wave that runs side by side
@@ -35,7 +35,7 @@ ALIGN = 64
 @dataclass
 class Buffer:
     space: str      # "input", "const", "arena" (entry function), "frame" (other functions), "local",
-                    # "dynamic" (a symbolic size, after the arena)
+                    # "dynamic" (a symbolic size, after the arena), "frame_dynamic" (one after the frame)
     offset: int     # bytes into arena/frame, index into the input/const table, local slot, or dynamic slot
     nbytes: int | None   # None: an input of a symbolic size (read in place, never copied or planned)
 
@@ -49,6 +49,8 @@ class MemoryPlan:
     locals_per_frame: int = 0
     const_names: list[str] = field(default_factory=list)
     dynamic: list[TensorType] = field(default_factory=list)   # per dynamic slot: the type of its values
+    # the same for values of symbolic sizes in a recursive function's frame (after frame_bytes)
+    frame_dynamic: list[TensorType] = field(default_factory=list)
 
     def of(self, value: Value) -> Buffer:
         return self.buffers[value.id]
@@ -163,8 +165,9 @@ def _pack(intervals: _Intervals, ids: list[int]) -> tuple[dict[int, int], int]:
     return offsets, top
 
 
-def _dynamic_slots(intervals: _Intervals, ids: list[int], plan: MemoryPlan) -> dict[int, int]:
-    """Slots for values of symbolic sizes (new ones appended to plan.dynamic). Values of the
+def _dynamic_slots(intervals: _Intervals, ids: list[int], table: list) -> dict[int, int]:
+    """Slots for values of symbolic sizes (new ones appended to `table`: the plan's `dynamic`
+    or `frame_dynamic`). Values of the
     same size at every call (the same dtype size times numbers, and the same Syms) whose live
     intervals do not overlap share a slot."""
     slots: dict[int, int] = {}
@@ -177,8 +180,8 @@ def _dynamic_slots(intervals: _Intervals, ids: list[int], plan: MemoryPlan) -> d
         if reusable:
             _, slot = held.pop(reusable[0])
         else:
-            slot = len(plan.dynamic)
-            plan.dynamic.append(ty)
+            slot = len(table)
+            table.append(ty)
         slots[vid] = slot
         held.append((intervals.end[vid], slot))
     return slots
@@ -228,10 +231,9 @@ def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool, wa
                 skip.add(c.id)
     in_place = _in_place_updates(fn, intervals, skip)
     symbolic = [vid for vid, v in intervals.values.items() if vid not in skip and vid not in in_place and v.type.syms]
-    if symbolic and space != "arena":
-        raise SymbolicSizeError(intervals.values[symbolic[0]].type.syms, "a value inside a recursive function")
-    for vid, slot in _dynamic_slots(intervals, symbolic, plan).items():
-        plan.buffers[vid] = Buffer("dynamic", slot, None)
+    table, dynamic_space = (plan.dynamic, "dynamic") if space == "arena" else (plan.frame_dynamic, "frame_dynamic")
+    for vid, slot in _dynamic_slots(intervals, symbolic, table).items():
+        plan.buffers[vid] = Buffer(dynamic_space, slot, None)
         skip.add(vid)
     offsets, top = _pack(intervals, [v for v in intervals.values if v not in skip and v not in in_place])
     for vid, off in offsets.items():
