@@ -550,8 +550,15 @@ def running_sum(x, w):
 
 @pytest.mark.skipif("cpu" not in backends_under_test(), reason="needs a C compiler")
 def test_measured_candidates_that_need_sizes_as_numbers_are_left_out_not_the_symbolic_program(monkeypatch):
-    """The host backend compiles for numbers: its candidates fail for a symbolic program, and
-    the search goes on with the others instead of specializing the whole program."""
+    """A candidate that needs a size as a number (here: every host-level one, made to) fails
+    for a symbolic program, and the search goes on with the others instead of specializing
+    the whole program."""
+    from cocktailer.backend import driver
+    from cocktailer.ir import SymbolicSizeError
+
+    def needs_numbers(program, config, record):
+        raise SymbolicSizeError(program.sizes[0][0], "this candidate")
+    monkeypatch.setattr(driver, "build_host", needs_numbers)
     script_profiler(monkeypatch)
     w = torch.randn(4, 4) * 0.5
     options = {"policy": "measured", "steps": ["host level", "control flow at L1"]}
@@ -679,12 +686,31 @@ class Halving(torch.nn.Module):
         return self.rec(y, depth - 1) + 0.5 * self.rec(x * scores.unsqueeze(1), depth - 1)
 
 
-@pytest.mark.parametrize("backend, options", [(b, None) for b in backends_under_test()] +
-                         ([("cpu", {"fan_out": True})] if "cpu" in backends_under_test() else []))
+NATIVE_WORKERS = [{"workers": 1}, {"workers": 2}, {"workers": 2, "fan_out": True}]
+
+
+@pytest.mark.parametrize("backend, options", [("reference", None)] +
+                         [(b, o) for b in backends_under_test() if b != "reference" for o in NATIVE_WORKERS] +
+                         ([("host", {"native_from": 0, "workers": 2})] if "cpu" in backends_under_test() else []))
 def test_values_of_a_symbolic_size_in_recursive_frames_are_sized_at_call_time(backend, options):
     """Each frame's fixed part, then the values of symbolic sizes; the stack is the call's
-    frame size apart (and grows for a longer sequence); with fan-out, one stack per group."""
+    frame size apart (and grows for a longer sequence); with fan-out, one stack per group.
+    Two workers share the frames: writing a frame's value and reading it are ordered by
+    barriers as for any frame value (a length repeated reads a stack holding the last call's
+    values, where a missing barrier shows)."""
     m = Halving().eval()
     fast = cocktailer.compile(m, backend=backend, dynamic=True, options=options)
-    run_all(fast, m, [(x, torch.tensor(3)) for (x,) in lengths(5, 2, 40, 9)])
+    run_all(fast, m, [(x, torch.tensor(3)) for (x,) in lengths(5, 2, 40, 9, 9, 5)])
     assert len(fast.cache) == 1 and length_is_symbolic(fast)
+
+
+@pytest.mark.skipif("cpu" not in backends_under_test(), reason="needs a C compiler")
+@pytest.mark.parametrize("options", [{}, {"native_from": 0}])
+def test_the_host_backends_blocks_take_the_sizes_their_inputs_have(options):
+    """Each native block reads a symbolic size off the first of its inputs that has it."""
+    w = torch.randn(4, 4, generator=torch.Generator().manual_seed(2)) * 0.5
+    for m, calls in [(running_sum, [(x, w) for (x,) in lengths(6, 3, 6, 11)]),
+                     (model(lambda _: LSTMTagger()), [(torch.randint(0, 20, (n,)),) for n in (4, 9, 4)])]:
+        fast = cocktailer.compile(m, backend="host", dynamic=True, options=options)
+        run_all(fast, m, calls)
+        assert len(fast.cache) == 1 and length_is_symbolic(fast)

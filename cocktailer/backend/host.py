@@ -21,7 +21,7 @@ from cocktailer.backend.config import Config
 from cocktailer.backend.native import NATIVE_STAGES, Build, Part, run_stages
 from cocktailer.backend.record import Record
 from cocktailer.codegen import kernels
-from cocktailer.ir import CONTROL, Function, Op, Operation, Program, Region, Value
+from cocktailer.ir import CONTROL, Function, Op, Operation, Program, Region, Sym, Value
 from cocktailer.ir.analysis import native_legal, nesting_depths, runs_in_python
 from cocktailer.ir.program import clone_ops
 from cocktailer.reference.executor import ReferenceExecutor, dead_after
@@ -125,7 +125,7 @@ class HostExecutor(ReferenceExecutor):
         ops = clone_ops(block.ops, rename)
         functions = {"main": Function("main", Region(params, ops, [rename[v.id] for v in block.outputs]))}
         functions.update({name: self.program.functions[name] for name in _callees(block.ops, self.program)})
-        return Program(functions, "main", self.program.constants, self.program.device)
+        return Program(functions, "main", self.program.constants, self.program.device, sizes=_sizes_of(params))
 
     @property
     def identity(self) -> str:
@@ -151,6 +151,17 @@ class HostExecutor(ReferenceExecutor):
             for vid in gone:
                 env.pop(vid, None)   # a block's value used only inside it was never in env
         return [env[v.id] for v in region.yields]
+
+
+def _sizes_of(params: list[Value]) -> tuple:
+    """A block's symbolic sizes, each read where the first of its inputs that has it holds it
+    (a size only its intermediates have leaves the block to need it as a number)."""
+    found: dict = {}
+    for k, p in enumerate(params):
+        for d, n in enumerate(p.type.shape):
+            if isinstance(n, Sym) and n not in found:
+                found[n] = (n, k, d)
+    return tuple(found.values())
 
 
 def all_workers(b: Build) -> str:

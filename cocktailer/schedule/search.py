@@ -95,7 +95,7 @@ def search(program: Program, start: Candidate, measure: Callable[[Candidate], fl
         trials.append(trial)
         try:
             trial.seconds = measure(candidate)
-        except SymbolicSizeError as exc:   # (the host backend compiles for numbers): left out too
+        except SymbolicSizeError as exc:   # a candidate that needs a size as a number: left out too
             trial.error = f"needs sizes as numbers: {exc}"
             needs_numbers.append(exc)
             return
