@@ -271,6 +271,28 @@ def test_a_contended_program_runs_on_the_worker_count_that_has_been_faster(monke
     assert fixed.choose() == 4
 
 
+def test_a_contention_that_ended_leaves_neither_its_slow_times_nor_its_grown_wait(monkeypatch):
+    """On a machine busy now and then: a contention where all workers kept losing, then a
+    quiet call. At the next preemption all workers are judged by that quiet call, not by the
+    contended calls of before (which kept the RAE on one worker, 1.8 times slower)."""
+    from cocktailer.runtime import native
+    now = [0.0]
+    monkeypatch.setattr(native.time, "monotonic", lambda: now[0])
+    workers = native.Workers(2, adaptive=True)
+    workers.report(2, 1, 0.010)
+    workers.report(1, 0, 0.001)
+    for _ in range(5):                      # all workers keep losing: the wait grows
+        now[0] += workers.wait
+        assert workers.choose() == 2
+        workers.report(2, 1, 0.010)
+    assert workers.wait > 1.0
+    now[0] += workers.wait
+    workers.report(workers.choose(), 0, 0.0005)   # quiet again
+    assert workers.wait == native.Workers.FIRST_WAIT
+    workers.report(2, 1, 0.0008)            # preempted, yet faster than one worker (0.001)
+    assert workers.choose() == 2
+
+
 @pytest.mark.parametrize("name,options", [("treefc", {"fan_out": True}), ("lstm", {}), ("seq2seq", {})])
 def test_results_do_not_depend_on_how_many_workers_a_call_gets(name, options):
     """A busy machine makes calls run on fewer workers than compiled for: same results."""

@@ -109,7 +109,11 @@ class Workers:
     or half the workers has been faster lately (the median of its last three contended calls),
     and the other is tried again now and then, after a wait that doubles each time it loses
     and is at least PROBE_COST times what it took (so trying costs a few percent). A call on
-    all workers that no preemption disturbed ends the contention."""
+    all workers that no preemption disturbed ends the contention; its time replaces those of
+    all workers' contended calls, and the wait starts again. Else, on a machine that is busy
+    now and then, all workers would be remembered slower than they are and the wait would
+    keep growing: the RAE ran 1,255 of 3,000 calls on one worker at 0.91 ms, against 0.50 ms
+    on two."""
 
     FIRST_WAIT, MAX_WAIT = 0.05, 30.0   # seconds before the slower count is tried again
     PROBE_COST = 20
@@ -137,7 +141,10 @@ class Workers:
         if not self.adaptive:
             return
         if used == self.most and not preempted:
-            self.contended = False
+            if self.contended:   # over: under the next contention, all workers start from this call
+                self.contended = False
+                self.recent[used] = deque([seconds], maxlen=3)
+                self.wait, self.retry_at = self.FIRST_WAIT, time.monotonic() + self.FIRST_WAIT
             return
         self.contended = True
         best_before = self._best() if self.recent else used
