@@ -96,8 +96,9 @@ class Lowering:
     def _reshape_symbolic(self, x, shape: tuple) -> Proxy:
         """A reshape of a tensor of symbolic sizes, or to sizes read off one (`x.shape[0]`):
         each symbolic size must stay one whole dim (`x.unsqueeze(1)`, `x.view(n, 1, -1)`;
-        type inference checks it at two values, else the sizes are specialized). A view of a
-        contiguous layout, which it is for every size; another layout specializes."""
+        type inference checks it at two values, else the sizes are specialized). A view: of a
+        contiguous layout, which it is for every size, or one that only inserts or removes dims
+        of size 1, for any layout; another reshape of a non-contiguous layout specializes."""
         ty = _symbolic_operand(x, shape)
         out = infer_type(Op.RESHAPE, [ty], {"shape": shape})   # resolves -1
         if out.shape == ty.shape:

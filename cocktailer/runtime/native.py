@@ -182,7 +182,7 @@ class CompiledProgram:
         self._packed_from = {k: c.source._version for k, c in enumerate(entry.constants) if isinstance(c, Packed)}
         self._const_table = (ctypes.c_void_p * max(len(self._constants), 1))(*[t.data_ptr() for t in self._constants])
         self._local = threading.local()
-        self._layouts: dict[tuple, tuple] = {}   # a call's sizes -> (arena offsets, arena bytes, output shapes)
+        self._layouts: dict[tuple, _Layout] = {}   # a call's sizes -> where its values of symbolic sizes go
         self.active_workers = Workers(workers, adaptive=not entry.needs_all_workers)
 
     def _scratch(self):
