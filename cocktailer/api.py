@@ -351,7 +351,7 @@ class CompiledFunction:
                 continue
             exact = capture(self.fn, call_args, call_kwargs)
             tensors = _tensors(call_args, call_kwargs)
-            specialized, trial = specialize_measured(exact, symbolic, tensors, _sizes_of(program, tensors))
+            specialized, trial = specialize_measured(exact, symbolic, tensors, _describe_sizes(program, tensors))
             if trial.kept:
                 self.cache[key] = (exact, specialized)
                 self._guards[key] = _ConstantGuard(self.fn, exact)
@@ -450,7 +450,7 @@ def _erase_key(key: tuple, dims: frozenset) -> tuple:
     return spec, tuple(leaves), equal
 
 
-def _sizes_of(program: Program, tensors: list[torch.Tensor]) -> str:
+def _describe_sizes(program: Program, tensors: list[torch.Tensor]) -> str:
     """The values a call gives the program's symbolic sizes, as its IR names them."""
     values = {str(sym): tensors[position].shape[dim] for sym, position, dim in program.sizes}
     return ", ".join(f"{name} = {n}" for name, n in values.items())

@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from cocktailer.ir.ops import SEMANTICS, Op
-from cocktailer.ir.types import Sym
+from cocktailer.ir.infer import attrs_at
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,5 @@ class Boundary:
         x = inputs[view.index] if view.source == "input" else constants[view.index] if view.source == "const" \
             else memory[view.index]
         for op, attrs, dynamic in view.steps:
-            attrs = dict(attrs)
-            if "shape" in attrs:
-                attrs["shape"] = tuple(sizes.get(d, d) if isinstance(d, Sym) else d for d in attrs["shape"])
-            x = SEMANTICS[Op[op]](x, *(yields[k] for k in dynamic), **attrs)
+            x = SEMANTICS[Op[op]](x, *(yields[k] for k in dynamic), **attrs_at(dict(attrs), sizes))
         return x

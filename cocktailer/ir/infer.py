@@ -67,7 +67,7 @@ def _infer_symbolic(op: Op, operand_types: Sequence[TensorType], attrs: dict[str
     in_attrs = _syms_in(tuple(attrs.values()))
     if in_attrs and (op not in _SHAPED or not set(in_attrs) <= set(syms)):
         raise SymbolicSizeError(in_attrs, f"{op.name.lower()}'s attributes")
-    captured = infer_type(op, [t.hinted for t in operand_types], _attrs_at(attrs, {s: s.hint for s in syms}))
+    captured = infer_type(op, [t.hinted for t in operand_types], attrs_at(attrs, {s: s.hint for s in syms}))
     shape = _shape_from_probe(op, operand_types, attrs, captured, syms)
     if shape is None:   # blame the sizes that fail on their own (a matmul's K, not its M)
         culprits = tuple(s for s in syms if _shape_from_probe(op, operand_types, attrs, captured, (s,)) is None)
@@ -81,7 +81,7 @@ def _shape_from_probe(op: Op, operand_types, attrs, captured: TensorType, syms: 
     probes = _probe_values(syms, operand_types)
     try:
         probed = infer_type(op, [_at(t, probes).hinted for t in operand_types],
-                            _attrs_at(attrs, probes))
+                            attrs_at(attrs, probes))
     except Exception:
         return None
     if probed.rank != captured.rank or probed.dtype != captured.dtype:
@@ -152,11 +152,12 @@ def _at(ty: TensorType, values: dict) -> TensorType:
 
 def hinted_attrs(attrs: dict) -> dict:
     """A shaped op's attributes with its symbolic sizes at their captured values (for meta tensors)."""
-    return _attrs_at(attrs, {})
+    return attrs_at(attrs, {})
 
 
-def _attrs_at(attrs: dict, values: dict) -> dict:
-    """A shaped op's attributes with its symbolic sizes at these values (else at their captured ones)."""
+def attrs_at(attrs: dict, values: dict) -> dict:
+    """A shaped op's attributes with its symbolic sizes at these values (a call's: Sym -> int),
+    else at their captured ones; the same dict where it names none."""
     if "shape" not in attrs or not _syms_in(tuple(attrs["shape"])):
         return attrs
     return {**attrs, "shape": tuple(values.get(d, d.hint) if isinstance(d, Sym) else d for d in attrs["shape"])}

@@ -11,6 +11,7 @@ import torch
 
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
 from cocktailer.ir import CREATION, SEMANTICS, Function, Op, Operation, Program, Region, Sym
+from cocktailer.ir.infer import attrs_at
 
 # Each level of IR recursion costs a few Python frames here.
 RECURSION_LIMIT = 100_000
@@ -64,9 +65,7 @@ class ReferenceExecutor:
             attrs = op.attrs
             if kind in CREATION:
                 attrs = {**attrs, "device": self.program.device}
-            if "shape" in attrs and any(isinstance(d, Sym) for d in attrs["shape"]):   # symbolic sizes: the call's
-                sizes = getattr(self._call, "sizes", {})
-                attrs = {**attrs, "shape": tuple(sizes.get(d, d) for d in attrs["shape"])}
+            attrs = attrs_at(attrs, getattr(self._call, "sizes", {}))   # a symbolic size in a shape: the call's
             outs = [SEMANTICS[kind](*(env[v.id] for v in op.operands), **attrs)]
         for r, value in zip(op.results, outs):
             env[r.id] = value
