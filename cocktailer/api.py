@@ -263,7 +263,9 @@ class CompiledFunction:
                 return self._compile(args, kwargs, flat, frozenset(), signature)
             kept = _symbolic_dims(program, flat[0])
             self.dims.specialize(signature, dims - kept)
-            samples = self._samples(args, kwargs, _erase_key(self._key(args, kwargs, flat), kept), kept)
+            static = self._key(args, kwargs, flat)
+            calls = [(static, args, kwargs), *self._sample_calls(_erase_key(static, kept), kept)]
+            samples = [_tensors(a, k) for _, a, k in calls]   # what the measured policy times candidates on
             try:
                 executable = self._build(program, samples)
             except SymbolicSizeError as e:   # the backend needs these as numbers: the others may stay symbolic
@@ -273,7 +275,7 @@ class CompiledFunction:
                 self.dims.specialize(signature, needed)
                 return self._compile(args, kwargs, flat, kept - needed, signature)
             if kept and isinstance(executable, TunedProgram):
-                self._specialize_sample_sizes(program, executable, args, kwargs, flat, kept)
+                self._specialize_sample_sizes(program, executable, calls)
             return program, executable, kept
 
     def _build(self, program: Program, samples: list[list[torch.Tensor]]) -> Callable:
@@ -324,11 +326,6 @@ class CompiledFunction:
             self._warned.add(warning)
         return self.fn(*args, **kwargs)
 
-    def _samples(self, args, kwargs, key: tuple, dims: frozenset = frozenset()) -> list[list[torch.Tensor]]:
-        """What the measured policy times candidates on: these arguments' tensors, and those of
-        options["samples"] (argument tuples) that specialize the same way."""
-        return [_tensors(args, kwargs)] + [_tensors(a, k) for _, a, k in self._sample_calls(key, dims)]
-
     def _sample_calls(self, key: tuple, dims: frozenset):
         """(own key, args, kwargs) of each of options["samples"] that specializes to `key`,
         bound, with trees of node objects linearized as a call's are."""
@@ -340,15 +337,16 @@ class CompiledFunction:
             if _erase_key(static, dims) == key:
                 yield static, extra_args, extra_kwargs
 
-    def _specialize_sample_sizes(self, program: Program, symbolic: TunedProgram, args, kwargs, flat, dims: frozenset):
-        """The measured policy's choice per size it was given (this call's and the samples'
-        that share the symbolic program): where the program specialized at that size measured
-        faster, calls of exactly that size run it (cached under their full key)."""
-        static = self._key(args, kwargs, flat)
-        calls = {static: (args, kwargs), **{k: (a, kw) for k, a, kw in self._sample_calls(_erase_key(static, dims), dims)}}
-        for key, (call_args, call_kwargs) in calls.items():
-            if key in self.cache:
+    def _specialize_sample_sizes(self, program: Program, symbolic: TunedProgram, calls: list[tuple]):
+        """The measured policy's choice per size it was given (`calls`: (full key, args,
+        kwargs) of this call and of the samples that share the symbolic program): where the
+        program specialized at that size measured faster, calls of exactly that size run it
+        (cached under their full key)."""
+        tried = set()
+        for key, call_args, call_kwargs in calls:
+            if key in self.cache or key in tried:   # the first call's static program, or a size given twice
                 continue
+            tried.add(key)
             exact = capture(self.fn, call_args, call_kwargs)
             tensors = _tensors(call_args, call_kwargs)
             specialized, trial = specialize_measured(exact, symbolic, tensors, _describe_sizes(program, tensors))
