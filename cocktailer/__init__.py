@@ -6,12 +6,13 @@
 """
 from cocktailer.api import (BACKENDS, AliasedInputsWarning, CompiledFunction, GradFallbackWarning, capture, compile,
                             compile_traced)
+from cocktailer.batched import BatchInputError, batch
 from cocktailer.dynamic import mark_dynamic
 from cocktailer.errors import CocktailerError, CompiledCallError, InternalError, UnsupportedError
 from cocktailer.explain import explain
 from cocktailer.ir import Program, format_program, verify
 
 __version__ = "0.1.0"
-__all__ = ["BACKENDS", "AliasedInputsWarning", "CocktailerError", "CompiledCallError", "CompiledFunction",
-           "GradFallbackWarning", "InternalError", "Program", "UnsupportedError", "capture", "compile", "compile_traced", "explain", "format_program",
+__all__ = ["BACKENDS", "AliasedInputsWarning", "BatchInputError", "CocktailerError", "CompiledCallError", "CompiledFunction",
+           "GradFallbackWarning", "InternalError", "Program", "UnsupportedError", "batch", "capture", "compile", "compile_traced", "explain", "format_program",
            "mark_dynamic", "verify"]

@@ -302,7 +302,12 @@ class CompiledFunction:
                                "this call's tensor arguments share memory with each other (or with a parameter the "
                                "program writes), and the program writes in place: it runs eagerly, so that every "
                                "alias sees the writes as in PyTorch")
-        results = run(tensors)
+        return self._finish(program, run, run(tensors), leaves, trees, tensors)
+
+    def _finish(self, program: Program, run: Callable, results: list, leaves: list, trees: list, tensors: list):
+        """The call's Python result from the program's yields: writes into the caller's tensors
+        (and trees) done, outputs that alias inputs rebuilt as views, attributes assigned."""
+        boundary = program.boundary
         if not getattr(run, "fresh_outputs", False):
             results = _own_memory(results, boundary, tensors, program)
         boundary.write_back(results, tensors, program.constants)   # the program wrote into these, as eager would

@@ -12,7 +12,10 @@ import sys
 from typing import Callable
 
 from cocktailer.api import CompiledFunction, compile
-from cocktailer.ir import CONTROL, Program
+from cocktailer.batched import BatchedFunction
+from cocktailer.batching.lanes import RULES
+from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
+from cocktailer.ir import CONTROL, CREATION, Op, Program
 from cocktailer.passes import CAPTURE_PIPELINE
 from cocktailer.schedule.printer import format_uprogram
 
@@ -22,6 +25,11 @@ def explain(model: Callable, example_inputs: tuple | None = None, *, backend: st
     """Print, then return, the report of how `model` is compiled for these inputs: a
     compiled function's own build (for `example_inputs`, or its only one), else a compile of
     `model` now, with the measured policy unless `options` name another."""
+    if isinstance(model, BatchedFunction):
+        text = _batched(model, example_inputs)
+        if file is not None:
+            print(text, file=file, end="")
+        return text
     if isinstance(model, CompiledFunction):
         compiled = model
         if example_inputs is not None:
@@ -36,6 +44,40 @@ def explain(model: Callable, example_inputs: tuple | None = None, *, backend: st
     if file is not None:
         print(text, file=file, end="")
     return text
+
+
+def _batched(batched: BatchedFunction, example_inputs) -> str:
+    """A batched function: the one-instance program, how each recursive function and each data
+    op runs batched, and what the last call did."""
+    args = batched.example if example_inputs is None else batched.single._bind(tuple(example_inputs), {})
+    program = batched.single._prepare(*args)[2][0]
+    lines = ["== batched execution (cocktailer.batch) =="]
+    for name, fn in program.functions.items():
+        if not recursive(program, name):
+            continue
+        plan = plan_levels(program, name)
+        if isinstance(plan, LevelPlan):
+            ops = sum(1 for _ in fn.body.walk())
+            sites = ", ".join(str(s.loc) for s in plan.sites)
+            lines.append(f"@{name}: level by level; the inspector runs {len(plan.control)} of its {ops} ops "
+                         f"(the control slice) to find the call tree; self-calls at {sites}")
+        else:
+            lines.append(f"@{name}: depth-first, each call batched over the instances that make it: {plan}")
+    kinds = sorted({op.op.name.lower() for op in program.walk()
+                    if op.op not in RULES.keys() | CONTROL | CREATION and op.op not in (Op.CONST, Op.DIM)})
+    lines.append("data ops without a batching rule of their own (run through torch.vmap): "
+                 + (", ".join(kinds) if kinds else "none"))
+    schedule = batched.schedule
+    if schedule is None:
+        lines.append("(not called yet)")
+    else:
+        lines.append(f"last call (its largest group): {schedule.lanes} instances; branches whose instances split: "
+                     f"{schedule.branches}; loop iterations: {schedule.loop_steps}")
+        for name, runs in schedule.levels.items():
+            for per_level in runs:
+                lines.append(f"  @{name}: {len(per_level)} levels, calls per level (height 0 first): "
+                             + ", ".join(map(str, per_level)))
+    return f"== captured IR (one instance) ==\n{program}\n\n" + "\n".join(lines) + "\n"
 
 
 def _entry(compiled: CompiledFunction, example_inputs, example_kwargs):

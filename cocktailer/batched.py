@@ -1,0 +1,144 @@
+"""`cocktailer.batch`: a model written for one instance, run on many at once (throughput mode).
+
+    batched = cocktailer.batch(model, example_inputs=one_instance_args)
+    outs = batched([args_1, args_2, ..., args_64])     # one result per instance, in order
+
+Each instance is captured as `compile` captures a call (every size symbolic, trees of node
+objects linearized), so one program serves every mix of instances. Instances that share a
+program and their shapes run together through the batched executor (`cocktailer.batching`):
+same-kind ops of all of them as one batched op, branches split by lane, loops with per-instance
+trip counts shrinking their active set, tree recursion level by level. Each instance's result
+is what the model returns for it alone.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Sequence
+
+import torch
+
+from cocktailer import pytree
+from cocktailer.api import CompiledFunction, GradFallbackWarning, _as_tuple
+from cocktailer.batching import BatchedExecutor
+from cocktailer.errors import CocktailerError, CompiledCallError, UnsupportedError
+from cocktailer.ir import Program
+from cocktailer.reference import ReferenceExecutor
+
+
+class BatchInputError(CocktailerError):
+    """Instances of a batch that do not fit the model: `positions` are their indices in the list."""
+
+    def __init__(self, positions: list[int], reasons: list[str]):
+        self.positions = positions
+        lines = "\n".join(f"  instance {p}: {r}" for p, r in zip(positions, reasons))
+        super().__init__(f"{len(positions)} instance(s) of the batch cannot run (no result is returned for any):\n{lines}")
+
+
+def batch(model_or_function: Callable, example_inputs: tuple, *, max_iterations: int | None = None) -> "BatchedFunction":
+    """A callable that takes a list of argument tuples, each one instance of what `example_inputs`
+    is one of, and returns the list of the model's results for them."""
+    return BatchedFunction(model_or_function, _as_tuple(example_inputs), max_iterations)
+
+
+class BatchedFunction:
+    def __init__(self, fn: Callable, example_inputs: tuple, max_iterations: int | None = None):
+        self.fn = fn
+        self.single = CompiledFunction(fn, backend="reference", dynamic=True)
+        self.max_iterations = max_iterations
+        self._executors: dict[int, BatchedExecutor] = {}
+        self.example = self.single._bind(example_inputs, {})
+        self._structure = _structure(self.example)
+        self.single._prepare(*self.example)   # captures now: an unsupported model fails here, not per call
+        self.schedule = None   # what the last call's largest group did (`explain`)
+
+    def __call__(self, instances: Sequence) -> list:
+        instances = [self._bound(i, args) for i, args in enumerate(instances)]
+        if any(self.single._needs_grad(args, kwargs) for args, kwargs in instances):
+            warnings.warn("cocktailer compiles inference only: gradients are on, so the instances run eagerly one "
+                          "after another", GradFallbackWarning, stacklevel=2)
+            return [self.fn(*args, **kwargs) for args, kwargs in instances]
+        groups: dict[tuple, list[int]] = {}
+        prepared = []
+        for i, (args, kwargs) in enumerate(instances):
+            leaves, trees, (program, run) = self._prepare(i, args, kwargs)
+            tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+            prepared.append((program, run, leaves, trees, tensors))
+            key = (id(program), tuple((tuple(t.shape), t.dtype) for t in tensors))
+            groups.setdefault(key, []).append(i)
+        results: list = [None] * len(instances)
+        for members in sorted(groups.values(), key=len, reverse=True):
+            program = prepared[members[0]][0]
+            yields = self._run_group(program, [prepared[i][4] for i in members], members)
+            for i, out in zip(members, yields):
+                program, run, leaves, trees, tensors = prepared[i]
+                results[i] = self.single._finish(program, run, out, leaves, trees, tensors)
+        return results
+
+    def _bound(self, position: int, args) -> tuple:
+        bound = self.single._bind(_as_tuple(args), {})
+        mismatch = _mismatch(self._structure, _structure(bound))
+        if mismatch:
+            raise BatchInputError([position], [mismatch])
+        return bound
+
+    def _prepare(self, position: int, args: tuple, kwargs: dict):
+        try:
+            return self.single._prepare(args, kwargs)
+        except CocktailerError as e:
+            raise BatchInputError([position], [str(e)]) from e
+
+    def _executor(self, program: Program) -> BatchedExecutor:
+        executor = self._executors.get(id(program))
+        if executor is None or executor.program is not program:
+            if program.boundary.constants_written:
+                raise UnsupportedError("the model writes its parameters or buffers: instances run together would see "
+                                       "each other's writes; run them one by one with cocktailer.compile")
+            executor = self._executors[id(program)] = BatchedExecutor(program)
+        executor.max_iterations = self.max_iterations
+        return executor
+
+    def _run_group(self, program: Program, tensors: list[list[torch.Tensor]], members: list[int]) -> list:
+        """The program's yields for each instance of one group (a program, one set of shapes)."""
+        executor = self._executor(program)
+        try:
+            with torch.inference_mode():   # (writes into inputs reach the stacked copies; _finish copies them back)
+                outs = executor(tensors)
+        except (IndexError, RuntimeError, CompiledCallError):
+            self._raise_for_instances(program, tensors, members)
+            raise
+        if self.schedule is None or executor.schedule.lanes >= self.schedule.lanes:
+            self.schedule = executor.schedule
+        return outs
+
+    def _raise_for_instances(self, program: Program, tensors: list, members: list[int]):
+        """A batch failed: run its instances one by one to name the ones at fault."""
+        reference = ReferenceExecutor(program)
+        reference.max_iterations = self.max_iterations
+        bad, reasons = [], []
+        for i, instance in zip(members, tensors):
+            try:
+                with torch.inference_mode():
+                    reference([t.clone() for t in instance])
+            except (IndexError, RuntimeError, CompiledCallError) as e:
+                bad.append(i)
+                reasons.append(f"{type(e).__name__}: {e}")
+        if bad:
+            raise BatchInputError(bad, reasons)
+
+
+def _structure(bound: tuple) -> tuple:
+    """What every instance must share with the example: the arguments' structure, and each
+    tensor's rank and dtype (sizes may differ)."""
+    leaves, spec = pytree.flatten(bound)
+    return spec, tuple((x.dim(), x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__ for x in leaves)
+
+
+def _mismatch(example: tuple, instance: tuple) -> str | None:
+    if example[0] != instance[0]:
+        return "its arguments are structured differently from the example's"
+    for k, (want, got) in enumerate(zip(example[1], instance[1])):
+        if want != got:
+            def show(x):
+                return f"a rank-{x[0]} {x[1]} tensor" if isinstance(x, tuple) else f"a {x}"
+            return f"argument leaf {k} is {show(got)}, the example's is {show(want)}"
+    return None

@@ -1,0 +1,354 @@
+"""Runs one program for many instances at once: each op once for every lane that reaches it.
+
+- Data ops run batched by their rules (`lanes.py`): a product with a weight is one GEMM over
+  the lanes, a per-lane row of a table one gather.
+- A branch whose condition differs by lane splits the lanes into two groups; each arm runs
+  batched over its group only (ACROBAT's ghost operators: never both arms masked), and the
+  results are scattered back into lane order.
+- A loop runs while any lane is still in it; lanes whose condition (or trip count) ends leave
+  the active set, so finished instances cost nothing more.
+- A recursive function runs level by level where an inspector can find the call tree first
+  (`recursion.py`: Cortex's linearized trees, ACROBAT's inline depth): the calls of every
+  instance whose subtrees have the same height run as one batch, children's results read from a
+  table. Other recursion runs depth-first, each call batched over the lanes that make it.
+
+The reference executor defines what every op means; this executor is checked against it and
+against eager PyTorch per instance (tests/test_batch.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from cocktailer.batching.lanes import Lanes, apply, rows, take
+from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
+from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
+from cocktailer.ir import CREATION, Function, Op, Operation, Program, Region
+from cocktailer.ir.infer import attrs_at
+from cocktailer.reference.executor import RECURSION_LIMIT, _recursion_limit
+
+LANE, CALLS = "lane", "calls"   # env keys beside value ids: the call ids of the lanes; the self-call handler
+
+
+@dataclass
+class Schedule:
+    """What the last batched run did, for `explain`."""
+    lanes: int = 0
+    levels: dict = field(default_factory=dict)        # function -> calls per level (height 0 first)
+    depth_first: dict = field(default_factory=dict)   # function -> why it did not run level by level
+    branches: int = 0          # branches whose lanes split between the arms
+    loop_steps: int = 0        # loop iterations run (each for all the lanes still in the loop)
+
+
+class BatchedExecutor:
+    max_iterations: int | None = None   # the most iterations one run of a loop may take (None: any)
+
+    def __init__(self, program: Program):
+        self.program = program
+        self._plans: dict[str, LevelPlan | str] = {}
+        self._outside: dict[int, list[int]] = {}   # id(region) -> the ids of the values it reads from outside
+        self.sizes: dict = {}
+        self.schedule = Schedule()
+
+    def __call__(self, instances: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+        """Each instance's results, for instances of equal shapes (one list of inputs each)."""
+        count = len(instances)
+        first = instances[0]
+        self.sizes = {sym: first[position].shape[dim] for sym, position, dim in self.program.sizes}
+        self.schedule = Schedule(lanes=count)
+        args = [Lanes(torch.stack(column)) for column in zip(*instances)]
+        with _recursion_limit(RECURSION_LIMIT):   # depth-first recursion costs Python frames per level
+            try:
+                outs = [rows(v, count) for v in self.run_function(self.program.main, args, count)]
+            except RecursionError:
+                raise CompiledCallError("the program recursed deeper than the batched executor supports "
+                                        f"(Python recursion limit {RECURSION_LIMIT})") from None
+        return [[out[i] for out in outs] for i in range(count)]
+
+    # ----------------------------------------------------------------------- functions
+
+    def run_function(self, fn: Function, args: list, count: int) -> list:
+        plan = self._plan(fn.name)
+        if isinstance(plan, LevelPlan):
+            return self._run_levels(plan, args, count)
+        env = {p.id: a for p, a in zip(fn.params, args)}
+        return self.run_region(fn.body, env, count)
+
+    def _plan(self, name: str) -> LevelPlan | str:
+        plan = self._plans.get(name)
+        if plan is None:
+            plan = self._plans[name] = (plan_levels(self.program, name) if recursive(self.program, name)
+                                        else "it is not recursive")
+        if isinstance(plan, str) and recursive(self.program, name):
+            self.schedule.depth_first[name] = plan
+        return plan
+
+    # ----------------------------------------------------------------------- regions and ops
+
+    def run_region(self, region: Region, env: dict, count: int, only: frozenset | None = None) -> list:
+        """The region's yields for `count` lanes; with `only`, just those ops (an inspector's
+        control slice), and None for the yields they do not compute."""
+        for op in region.ops:
+            if only is None or id(op) in only:
+                self.run_op(op, env, count, only)
+        return [env.get(v.id) for v in region.yields]
+
+    def run_op(self, op: Operation, env: dict, count: int, only: frozenset | None = None):
+        kind = op.op
+        if kind is Op.IF:
+            outs = self._run_if(op, env, count, only)
+        elif kind is Op.LOOP:
+            outs = self._run_loop(op, env, count)
+        elif kind is Op.CALL:
+            outs = self._run_call(op, env, count)
+        elif kind is Op.CONST:
+            outs = [self.program.constants[op.attrs["name"]]]
+        else:
+            attrs = {**op.attrs, "device": self.program.device} if kind in CREATION else op.attrs
+            outs = [apply(op, [env[v.id] for v in op.operands], attrs_at(attrs, self.sizes), count)]
+        for r, value in zip(op.results, outs):
+            if value is not None:
+                env[r.id] = value
+
+    def _restricted(self, owner, env: dict, lanes: torch.Tensor | None) -> dict:
+        """An env for running the regions of `owner` (an op, or one region) on the lanes `lanes`
+        of the current ones (all: None): the values they read from outside, and the hidden keys."""
+        outside = self._outside.get(id(owner))
+        if outside is None:
+            regions = owner.regions if isinstance(owner, Operation) else [owner]
+            outside = self._outside[id(owner)] = list({v.id for r in regions for v in r.outside_reads()})
+        sub = {vid: env[vid] for vid in outside if vid in env}
+        for key in (LANE, CALLS):
+            if key in env:
+                sub[key] = env[key]
+        if lanes is not None:
+            sub = {k: (take(v, lanes) if k != CALLS else v) for k, v in sub.items()}
+        return sub
+
+    def _run_if(self, op: Operation, env: dict, count: int, only: frozenset | None) -> list:
+        cond = env[op.operands[0].id]
+        then, other = op.regions
+        if not isinstance(cond, Lanes):
+            return self.run_region(then if bool(cond) else other, env, count, only)
+        taken = cond.rows()
+        chosen = torch.nonzero(taken).flatten()
+        if len(chosen) in (0, count):
+            return self.run_region(then if len(chosen) else other, env, count, only)
+        rest = torch.nonzero(~taken).flatten()
+        self.schedule.branches += 1
+        arms = [(lanes, self.run_region(region, self._restricted(region, env, lanes), len(lanes), only))
+                for lanes, region in ((chosen, then), (rest, other))]
+        return [self._scatter(arms, k, r.type.dtype, count) for k, r in enumerate(op.results)]
+
+    @staticmethod
+    def _scatter(arms: list, k: int, dtype: torch.dtype, count: int):
+        """Result k of a branch, each arm's rows put back in lane order."""
+        values = [(lanes, outs[k]) for lanes, outs in arms]
+        if any(v is None for _, v in values):   # an inspector's branch: a result it does not need
+            return None
+        first = values[0][1]
+        shape = first.base.shape[1:] if isinstance(first, Lanes) else first.shape
+        out = torch.empty((count, *shape), dtype=dtype, device=(first.base if isinstance(first, Lanes) else first).device)
+        for lanes, v in values:
+            out[lanes] = rows(v, len(lanes))
+        return Lanes(out)
+
+    def _run_call(self, op: Operation, env: dict, count: int) -> list:
+        handler = env.get(CALLS)
+        args = [env[v.id] for v in op.operands]
+        if handler is not None and op in handler.sites:
+            return handler(op, env, count)
+        return self.run_function(self.program.functions[op.attrs["callee"]], args, count)
+
+    # ----------------------------------------------------------------------- loops
+
+    def _run_loop(self, op: Operation, env: dict, count: int) -> list:
+        """Runs while any lane is in the loop. A lane whose trip count or condition ends it
+        leaves: its carried values are kept aside, and the others run on without it."""
+        trip = env[op.loop_trip.id] if op.loop_trip is not None else None
+        trips = trip.rows() if isinstance(trip, Lanes) else None
+        stacked_count = op.loop_stacked
+        if stacked_count and trips is not None:   # stacked outputs need one trip count for all lanes
+            if not bool((trips == trips[0]).all()):
+                raise CompiledCallError("a loop with stacked outputs has a different trip count in each instance")
+            trip, trips = trips[0], None
+        carried = [env[v.id] for v in op.loop_inits]
+        finals: list = [None] * len(carried)   # rows of lanes that left the loop, in lane order
+        active = None   # the lanes still in the loop (None: all)
+        steps: list[list] = []
+        i = 0
+        while trips is not None or trip is None or i < int(trip):
+            inside = self._restricted(op, env, active)
+            done = trips <= i if active is None and trips is not None else (
+                trips[active] <= i if trips is not None else None)
+            if op.loop_cond is not None:
+                cond_env = dict(inside)
+                _bind(op.loop_cond, cond_env, i, carried, self.program.device)
+                go = self.run_region(op.loop_cond, cond_env, _count(active, count))[0]
+                stop = ~go.rows() if isinstance(go, Lanes) else torch.full((_count(active, count),), not bool(go))
+                done = stop if done is None else (done | stop)
+            if done is not None and bool(done.any()):
+                lanes = active if active is not None else torch.arange(count)
+                leaving, staying = torch.nonzero(done).flatten(), torch.nonzero(~done).flatten()
+                finals = [_keep(f, c, lanes[leaving], leaving, count) for f, c in zip(finals, carried)]
+                if len(staying) == 0:
+                    return finals
+                carried = [take(c, staying) for c in carried]
+                active = lanes[staying]
+                inside = self._restricted(op, env, active)
+            if self.max_iterations is not None and i >= self.max_iterations:
+                raise CompiledCallError(f"{ITERATIONS_EXCEEDED} ({self.max_iterations})")
+            body_env = dict(inside)
+            _bind(op.loop_body, body_env, i, carried, self.program.device)
+            yields = self.run_region(op.loop_body, body_env, _count(active, count))
+            carried, step = yields[:len(yields) - stacked_count], yields[len(yields) - stacked_count:]
+            steps.append(step)
+            self.schedule.loop_steps += 1
+            i += 1
+        if active is None and all(f is None for f in finals):
+            outs = carried
+        else:
+            lanes = active if active is not None else torch.arange(count)
+            outs = [_keep(f, c, lanes, torch.arange(len(lanes)), count) for f, c in zip(finals, carried)]
+        return outs + [self._stack([s[j] for s in steps], r, count)
+                       for j, r in enumerate(op.results[len(carried):])]
+
+    def _stack(self, values: list, result, count: int):
+        if not values:
+            shape = tuple(self.sizes.get(d, d) for d in result.type.shape)
+            return torch.empty(shape, dtype=result.type.dtype, device=self.program.device)
+        if not any(isinstance(v, Lanes) for v in values):
+            return torch.stack(values)
+        return Lanes(torch.stack([rows(v, count) for v in values], dim=1))
+
+    # ----------------------------------------------------------------------- recursion by levels
+
+    def _run_levels(self, plan: LevelPlan, args: list, count: int) -> list:
+        tree = _inspect(self, plan, args, count)
+        fn = plan.function
+        tables: list[torch.Tensor] | None = None
+        per_level = []
+        for ids in tree.levels():
+            env = tree.frame(plan, args, ids)
+            env[CALLS] = _ReadChildren(plan.sites, tree.children, lambda: tables)
+            yields = self.run_region(fn.body, env, len(ids))
+            if tables is None:
+                tables = [_table(v, t.dtype, tree.calls) for v, t in zip(yields, fn.result_types)]
+            for table, v in zip(tables, yields):
+                table[ids] = rows(v, len(ids))
+            per_level.append(len(ids))
+        self.schedule.levels.setdefault(fn.name, []).append(per_level)
+        return [Lanes(table.narrow(0, 0, count)) for table in tables]   # calls 0..count-1 are the roots
+
+
+def _count(active, count: int) -> int:
+    return count if active is None else len(active)
+
+
+def _bind(region: Region, env: dict, i: int, carried: list, device):
+    env[region.params[0].id] = torch.tensor(i, dtype=torch.int64, device=device)
+    for p, v in zip(region.params[1:], carried):
+        env[p.id] = v
+
+
+def _keep(final, value, lanes: torch.Tensor, which: torch.Tensor, count: int):
+    """`final` (rows in the loop's lane order) with the rows `which` of `value` put at `lanes`."""
+    part = rows(take(value, which), len(which))
+    if final is None:
+        final = Lanes(torch.empty((count, *part.shape[1:]), dtype=part.dtype, device=part.device))
+    final.base[lanes] = part
+    return final
+
+
+def _table(value, dtype: torch.dtype, calls: int) -> torch.Tensor:
+    shape = value.base.shape[1:] if isinstance(value, Lanes) else value.shape
+    return torch.empty((calls, *shape), dtype=dtype)
+
+
+class _ReadChildren:
+    """Level mode's self-call: the callee already ran a level below; read its results."""
+
+    def __init__(self, sites: tuple, children: dict, tables):
+        self.sites, self.children, self.tables = sites, children, tables
+
+    def __call__(self, op: Operation, env: dict, count: int) -> list:
+        child = self.children[self.sites.index(op)].index_select(0, env[LANE].rows())
+        if bool((child < 0).any()):
+            raise AssertionError("a call the inspector did not find ran")
+        return [Lanes(t, child) for t in self.tables()]
+
+
+class _RecordCalls:
+    """The inspector's self-call: note which lanes call, with which arguments; run nothing."""
+
+    def __init__(self, plan: LevelPlan):
+        self.sites, self.plan = plan.sites, plan
+        self.made: list[tuple[int, torch.Tensor, dict]] = []
+
+    def __call__(self, op: Operation, env: dict, count: int) -> list:
+        varying = {j: rows(env[v.id], count) for j, v in enumerate(op.operands) if not self.plan.passthrough[j]}
+        self.made.append((self.sites.index(op), env[LANE].rows(), varying))
+        return [None] * len(op.results)
+
+
+@dataclass
+class _CallTree:
+    """Every call of a recursive function that the instances make: call c belongs to lane
+    `root[c]` of the outer call, takes `arguments[j][c]` for each parameter j that varies, and its
+    site s calls `children[s][c]` (-1: that site is not reached). Heights order the levels."""
+    calls: int
+    root: torch.Tensor
+    arguments: dict
+    children: dict
+    height: torch.Tensor
+
+    def levels(self):
+        order = torch.argsort(self.height, stable=True)
+        return order.split(torch.bincount(self.height).tolist())
+
+    def frame(self, plan: LevelPlan, args: list, ids: torch.Tensor) -> dict:
+        return _frame(plan, args, self.root.index_select(0, ids),
+                      {j: a.index_select(0, ids) for j, a in self.arguments.items()}, ids)
+
+
+def _inspect(executor: BatchedExecutor, plan: LevelPlan, args: list, count: int) -> _CallTree:
+    """The call tree, found breadth first: each round runs the control slice of every call found
+    in the round before, all as one batch (no Python loop over calls). Each round's calls get
+    the next ids, so a round is a range of ids."""
+    varying = [j for j, through in enumerate(plan.passthrough) if not through]
+    arguments = {j: [rows(args[j], count)] for j in varying}   # per round
+    roots = [torch.arange(count)]
+    links: list[tuple[int, torch.Tensor, torch.Tensor]] = []   # (site, parent calls, child calls)
+    start, total = 0, count
+    while total > start:
+        frontier = torch.arange(start, total)
+        env = _frame(plan, args, roots[-1], {j: arguments[j][-1] for j in varying}, frontier)
+        recorder = env[CALLS] = _RecordCalls(plan)
+        executor.run_region(plan.function.body, env, len(frontier), only=plan.control)
+        start = total
+        for site, callers, _ in recorder.made:
+            links.append((site, callers, torch.arange(total, total + len(callers))))
+            total += len(callers)
+        if total > start:
+            callers = torch.cat([c for _, c, _ in recorder.made])
+            roots.append(roots[-1].index_select(0, callers - frontier[0]))
+            for j in varying:
+                arguments[j].append(torch.cat([made[j] for _, _, made in recorder.made]))
+    height = torch.zeros(total, dtype=torch.int64)
+    for site, parents, children in reversed(links):   # children come after their parents
+        height.scatter_reduce_(0, parents, height.index_select(0, children) + 1, "amax")
+    children = {s: torch.full((total,), -1, dtype=torch.int64) for s in range(len(plan.sites))}
+    for site, parents, kids in links:
+        children[site][parents] = kids
+    return _CallTree(total, torch.cat(roots), {j: torch.cat(a) for j, a in arguments.items()}, children, height)
+
+
+def _frame(plan: LevelPlan, args: list, roots: torch.Tensor, varying: dict, ids: torch.Tensor) -> dict:
+    """The env of the calls `ids`: the parameters every self-call hands on are their root
+    lane's (read through an index, not copied), the others their own."""
+    env = {}
+    for j, p in enumerate(plan.function.params):
+        env[p.id] = take(args[j], roots) if plan.passthrough[j] else Lanes(varying[j])
+    env[LANE] = Lanes(ids)
+    return env

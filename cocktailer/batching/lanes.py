@@ -1,0 +1,228 @@
+"""Values across many instances ("lanes") and each data op's batching rule.
+
+A batched run executes one op for all the lanes that reach it: the instances of a batch, or the
+recursive calls of one level of their trees. A value is either the same in every lane (a plain
+tensor: weights, constants, what is computed from them alone) or a `Lanes`: one row per lane.
+A `Lanes` may read its rows through an index array instead of holding them (ACROBAT's gather
+fusion, §5.2): restricting a value to the lanes that take a branch, or handing each recursive
+call its instance's node table, costs an index, not a copy; a SELECT with a per-lane index reads
+the table through both indices in one gather.
+
+A rule computes, for the lanes' rows, what SEMANTICS computes for one lane. Where no rule is
+written, `torch.vmap` of the op's meaning is: correct for every op, slower for the common ones.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from cocktailer.ir import ELEMENTWISE, SEMANTICS, Op, Operation
+
+
+class Lanes:
+    """A value with one row per lane: lane i holds base[i], or base[index[i]] when index is set."""
+    __slots__ = ("base", "index")
+
+    def __init__(self, base: torch.Tensor, index: torch.Tensor | None = None):
+        self.base, self.index = base, index
+
+    @property
+    def count(self) -> int:
+        return len(self.index) if self.index is not None else self.base.shape[0]
+
+    @property
+    def rank(self) -> int:
+        """The rank of one lane's value."""
+        return self.base.dim() - 1
+
+    def rows(self) -> torch.Tensor:
+        return self.base if self.index is None else self.base.index_select(0, self.index)
+
+    def take(self, lanes: torch.Tensor) -> "Lanes":
+        """The lanes `lanes` (indices into this value's lanes), without copying rows."""
+        return Lanes(self.base, lanes if self.index is None else self.index.index_select(0, lanes))
+
+    def __repr__(self) -> str:
+        return f"Lanes({tuple(self.base.shape)}, index={None if self.index is None else len(self.index)})"
+
+
+def take(value, lanes: torch.Tensor):
+    return value.take(lanes) if isinstance(value, Lanes) else value
+
+
+def rows(value, count: int) -> torch.Tensor:
+    """The value's rows for `count` lanes (a shared value repeated, as a view)."""
+    if isinstance(value, Lanes):
+        return value.rows()
+    return value.unsqueeze(0).expand(count, *value.shape)
+
+
+def lane_rank(value) -> int:
+    return value.rank if isinstance(value, Lanes) else value.dim()
+
+
+def apply(op: Operation, operands: list, attrs: dict, count: int):
+    """One data op for `count` lanes: a shared result where no operand differs by lane."""
+    if not any(isinstance(v, Lanes) for v in operands):
+        return SEMANTICS[op.op](*operands, **attrs)
+    if op.op is Op.DIM:   # every lane of a batch has the same sizes
+        return _dim(operands[0], attrs["dim"])
+    rule = RULES.get(op.op, _vmapped)
+    out = rule(op.op, operands, attrs, count)
+    dtype = op.results[0].type.dtype   # a lane's 0-d operand is a [lanes] tensor here: promotion may differ
+    return Lanes(out if out.dtype == dtype else out.to(dtype))
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def _lifted(value, rank: int) -> torch.Tensor:
+    """A lane value's rows with ones inserted after the lane dim up to `rank` per lane, so that
+    torch's right-aligned broadcasting pairs lane dims with lane dims; shared values as they are."""
+    if not isinstance(value, Lanes):
+        return value
+    x = value.rows()
+    return x.reshape(x.shape[0], *([1] * (rank - value.rank)), *x.shape[1:]) if value.rank < rank else x
+
+
+def _elementwise(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    rank = max(lane_rank(v) for v in operands)
+    return SEMANTICS[kind](*(_lifted(v, rank) for v in operands), **attrs)
+
+
+def _lane_dim(dim: int, rank: int) -> int:
+    return (dim % rank) + 1 if rank else 1
+
+
+def _reduce(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    (x,) = operands
+    if x.rank == 0:
+        return _vmapped(kind, operands, attrs, count)
+    dims = attrs.get("dims")
+    dims = tuple(range(1, x.rank + 1)) if dims is None else tuple(_lane_dim(d, x.rank) for d in dims)
+    return SEMANTICS[kind](x.rows(), dims=dims, keepdim=attrs.get("keepdim", False))
+
+
+def _arg_reduce(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    (x,) = operands
+    dim, keepdim = attrs.get("dim"), attrs.get("keepdim", False)
+    if dim is None:
+        if keepdim or x.rank == 0:
+            return _vmapped(kind, operands, attrs, count)
+        return SEMANTICS[kind](x.rows().reshape(count, -1), dim=1)
+    return SEMANTICS[kind](x.rows(), dim=_lane_dim(dim, x.rank), keepdim=keepdim)
+
+
+def _softmax(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    (x,) = operands
+    return SEMANTICS[kind](x.rows(), dim=_lane_dim(attrs["dim"], x.rank))
+
+
+def _matmul(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    """Every lane's product against a shared matrix is one GEMM (ACROBAT's parameter reuse)."""
+    a, b = operands
+    ra, rb = lane_rank(a), lane_rank(b)
+    if isinstance(a, Lanes) and not isinstance(b, Lanes) and rb <= 2:
+        return torch.matmul(a.rows(), b)
+    if isinstance(b, Lanes) and not isinstance(a, Lanes) and ra <= 2 and rb <= 2:
+        if rb == 1:   # each lane's vector times the shared matrix: rows @ A^T
+            return torch.matmul(b.rows(), a.transpose(-1, -2) if ra == 2 else a)
+        return torch.matmul(a, b.rows())
+    if isinstance(a, Lanes) and isinstance(b, Lanes):
+        if ra == rb and ra >= 2:
+            return torch.matmul(a.rows(), b.rows())
+        if ra == 1 and rb == 2:
+            return torch.matmul(a.rows().unsqueeze(1), b.rows()).squeeze(1)
+        if ra == 2 and rb == 1:
+            return torch.matmul(a.rows(), b.rows().unsqueeze(-1)).squeeze(-1)
+        if ra == 1 and rb == 1:
+            return (a.rows() * b.rows()).sum(-1)
+    return _vmapped(kind, operands, attrs, count)
+
+
+def _select(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    """x[key] per lane. Basic items slice every lane at once; the per-lane (dynamic) indices then
+    index together with the lane index, so a lane reading its row of its instance's table is one
+    gather from the table itself (the lane's index array, when it has one, stands for the lane dim)."""
+    x, dynamic = operands[0], operands[1:]
+    batched_x = isinstance(x, Lanes)
+    basic, positions = [slice(None)] if batched_x else [], []
+    for item in attrs["key"]:
+        if item[0] == "slice":
+            basic.append(slice(*item[1:]))
+        elif item[0] == "int":
+            basic.append(item[1])
+            continue
+        elif item[0] == "dyn":
+            positions.append(len(basic))
+            basic.append(slice(None))
+        else:   # "new"
+            basic.append(None)
+    if not positions and batched_x:
+        return x.rows()[tuple(basic)]
+    y = (x.base if batched_x else x)[tuple(basic)]
+    index: list = [slice(None)] * y.dim()
+    if batched_x:
+        index[0] = x.index if x.index is not None else torch.arange(count, device=y.device)
+    for p, d in zip(positions, dynamic):
+        index[p] = d.rows() if isinstance(d, Lanes) else d
+    out = y[tuple(index)]
+    if batched_x:
+        return out   # the lane index is first: the broadcast lane dim lands in front
+    # only some indices vary by lane: torch puts their broadcast dim where the first one was
+    # when the indexed dims are adjacent, else in front
+    adjacent = positions == list(range(positions[0], positions[0] + len(positions)))
+    return out.movedim(positions[0], 0) if adjacent else out
+
+
+def _cat(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    rank = lane_rank(operands[0])
+    return torch.cat([rows(v, count) for v in operands], _lane_dim(attrs["dim"], rank))
+
+
+def _reshape(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    (x,) = operands
+    return x.rows().reshape(count, *attrs["shape"])
+
+
+def _permute(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    (x,) = operands
+    return x.rows().permute(0, *(_lane_dim(d, x.rank) for d in attrs["dims"]))
+
+
+def _expand(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    (x,) = operands
+    shape = tuple(attrs["shape"])
+    return _lifted(x, len(shape)).expand(count, *shape)
+
+
+def _dim(x: Lanes, dim: int) -> torch.Tensor:
+    return torch.tensor(x.base.shape[_lane_dim(dim, x.rank)], dtype=torch.int64, device=x.base.device)
+
+
+def _update(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    # vmap cannot write lane values into a shared tensor: give the target its lanes first
+    x, *rest = operands
+    return _vmapped(kind, [Lanes(rows(x, count)), *rest], attrs, count)
+
+
+def _vmapped(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    in_dims = tuple(0 if isinstance(v, Lanes) else None for v in operands)
+    args = [v.rows() if isinstance(v, Lanes) else v for v in operands]
+    return torch.vmap(lambda *xs: SEMANTICS[kind](*xs, **attrs), in_dims=in_dims)(*args)
+
+
+RULES: dict[Op, Callable] = {
+    **{op: _elementwise for op in ELEMENTWISE},
+    **{op: _reduce for op in (Op.SUM, Op.MEAN, Op.PROD, Op.AMAX, Op.AMIN, Op.ANY, Op.ALL)},
+    Op.ARGMAX: _arg_reduce, Op.ARGMIN: _arg_reduce,
+    Op.SOFTMAX: _softmax, Op.LOG_SOFTMAX: _softmax,
+    Op.MATMUL: _matmul,
+    Op.SELECT: _select,
+    Op.CAT: _cat,
+    Op.RESHAPE: _reshape,
+    Op.PERMUTE: _permute,
+    Op.EXPAND: _expand,
+    Op.UPDATE: _update,
+}

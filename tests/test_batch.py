@@ -1,0 +1,275 @@
+"""Throughput mode (`cocktailer.batch`): every instance's result, and its arguments after the
+call, equal the model run on it alone in eager PyTorch, whatever else is in the batch."""
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import cocktailer
+from cocktailer import models
+from cocktailer.data import chain_tree, perfect_tree, random_tree
+from cocktailer.models.tree import tree_inputs
+from test_tree_objects import BinaryTreeRNN, binary_tree, walk
+from utils import _clone, assert_same, randn
+
+
+def assert_batch_matches(model, instances, **kwargs):
+    """The batched call against eager, instance by instance: results and mutated arguments."""
+    batched = cocktailer.batch(model, instances[0], **kwargs)
+    mine, theirs = [_clone(a) for a in instances], [_clone(a) for a in instances]
+    with torch.no_grad():
+        outs = batched(mine)
+        expected = [model(*a) for a in theirs]
+    assert len(outs) == len(instances)
+    for k, (out, want, a, b) in enumerate(zip(outs, expected, mine, theirs)):
+        assert_same(out, want, rtol=1e-4, atol=1e-5, path=f"instance {k}")
+        assert_same(a, b, rtol=1e-4, atol=1e-5, path=f"instance {k}'s arguments")
+    return batched
+
+
+# --------------------------------------------------------------------------- the zoo
+
+
+@pytest.mark.parametrize("name", models.names())
+def test_zoo_model_batched_equals_each_instance(name):
+    w = models.make(name, batch=1, size="small", seed=0)
+    instances = [w.inputs] + [models.make(name, batch=1, size="small", seed=s).inputs for s in range(1, 6)]
+    assert_batch_matches(w.model.eval(), instances)
+
+
+def _tree_instances(hidden: int, trees) -> list[tuple]:
+    g = torch.Generator().manual_seed(1)
+    table = torch.randn(50, hidden, generator=g)
+    nodes = max(t.num_nodes for t in trees)
+    return [tree_inputs(t, [int(i) for i in torch.randint(50, (t.num_leaves,), generator=g)], table, nodes)
+            for t in trees]
+
+
+@pytest.mark.parametrize("name", ["rae", "treelstm", "treefc"])
+@pytest.mark.parametrize("count", [1, 8, 64])
+def test_tree_models_mix_shallow_and_deep_trees(name, count):
+    """A one-leaf tree, a depth-29 chain and random bracketings in one batch: level by level."""
+    w = models.make(name, batch=1, size="small", seed=0)
+    trees = [chain_tree(29), random_tree(1, 0), perfect_tree(3)]
+    trees += [random_tree(1 + k % 17, k) for k in range(count)]
+    batched = assert_batch_matches(w.model.eval(), _tree_instances(8, trees[:count]))
+    if count > 1:
+        (levels,) = batched.schedule.levels.values()
+        assert len(levels[0]) == 30, "one level per height of the deepest tree"
+
+
+# --------------------------------------------------------------------------- loops and branches
+
+
+class CountedLoop(nn.Module):
+    """A loop whose trip count is each instance's own tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.Linear(6, 6)
+
+    def forward(self, x, steps):
+        for _ in range(steps):
+            x = torch.tanh(self.cell(x))
+        return x
+
+
+class UntilThreshold(nn.Module):
+    """A while loop on a tensor condition: instances leave after different numbers of steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.Linear(4, 4)
+
+    def forward(self, x, limit):
+        total = torch.zeros(())
+        while total < limit:
+            x = torch.tanh(self.cell(x)) + 1
+            total = total + x.sum()
+        return x, total
+
+
+class EarlyExit(nn.Module):
+    """Berxit-style: leave the layer stack when the classifier is confident enough."""
+
+    def __init__(self, layers=6, d=8):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(d, d) for _ in range(layers))
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x, threshold):
+        for layer in self.layers:
+            x = torch.relu(layer(x)) + x
+            p = torch.softmax(self.head(x), -1)
+            if p.max() > threshold:
+                return p
+        return torch.softmax(self.head(x), -1)
+
+
+class Branchy(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            y = x * 2
+            if x[0] > 0.5:
+                y = y - 1
+        else:
+            y = torch.exp(x)
+        return y
+
+
+def test_per_instance_trip_counts_from_1_to_60():
+    model = CountedLoop().eval()
+    steps = [1, 60, 7, 0, 33, 60, 2, 15]
+    instances = [(randn(6, seed=k), torch.tensor(n)) for k, n in enumerate(steps)]
+    assert_batch_matches(model, instances)
+
+
+def test_while_loop_instances_leave_as_they_finish():
+    model = UntilThreshold().eval()
+    instances = [(randn(4, seed=k), torch.tensor(float(limit))) for k, limit in enumerate([0.5, 40, 3, 200, 9])]
+    batched = assert_batch_matches(model, instances)
+    longest = 0
+    for x, limit in instances:   # the loop runs as long as its longest instance, not once per instance
+        total, steps = torch.zeros(()), 0
+        with torch.no_grad():
+            while total < limit:
+                x = torch.tanh(model.cell(x)) + 1
+                total, steps = total + x.sum(), steps + 1
+        longest = max(longest, steps)
+    assert batched.schedule.loop_steps == longest > 1
+
+
+def test_early_exit_at_different_layers():
+    model = EarlyExit().eval()
+    instances = [(randn(8, seed=k, scale=3.0), torch.tensor(t)) for k, t in enumerate([0.0, 0.5, 0.7, 0.99, 1.0, 0.4])]
+    batched = assert_batch_matches(model, instances)
+    assert batched.schedule.branches > 0
+
+
+def test_divergent_branches_run_each_arm_on_its_group():
+    instances = [(randn(5, seed=k) + (k % 3 - 1),) for k in range(9)]
+    batched = assert_batch_matches(Branchy(), instances)
+    assert batched.schedule.branches >= 1
+
+
+# --------------------------------------------------------------------------- recursion
+
+
+class ParseFromResults(nn.Module):
+    """Recursion whose second call happens only if the first call's result says so (a parser's
+    action from what it built so far): the call tree is known only while running, so it runs
+    depth-first, each call batched over the lanes that make it."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.Linear(4, 4)
+
+    def forward(self, h, depth):
+        if depth >= 3:
+            return h
+        a = self.forward(torch.tanh(self.cell(h)), depth + 1)
+        if a.sum() > 0:
+            return a + self.forward(a * 0.5, depth + 1)
+        return a
+
+
+def test_tensor_dependent_recursion_runs_depth_first():
+    model = ParseFromResults().eval()
+    instances = [(randn(4, seed=k), torch.tensor(0)) for k in range(8)]
+    batched = assert_batch_matches(model, instances)
+    assert "forward" in batched.schedule.depth_first
+
+
+def test_trees_of_node_objects():
+    model = BinaryTreeRNN().eval()
+    trees = [binary_tree(k, n) for k, n in enumerate([1, 5, 5, 9, 5])]
+    eager_trees = [binary_tree(k, n) for k, n in enumerate([1, 5, 5, 9, 5])]
+    batched = cocktailer.batch(model, (trees[0],))
+    with torch.no_grad():
+        outs = batched([(t,) for t in trees])
+        expected = [model(t) for t in eager_trees]
+    for out, want, mine, theirs in zip(outs, expected, trees, eager_trees):
+        assert_same(out, want, rtol=1e-4, atol=1e-5)
+        for a, b in zip(walk(mine), walk(theirs)):   # the fields the program assigns, on every node
+            assert_same(a.state, b.state, rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- sizes, aliasing, state
+
+
+class SequenceRNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.GRUCell(3, 5)
+
+    def forward(self, xs):
+        h = torch.zeros(5)
+        outs = []
+        for t in range(xs.shape[0]):
+            h = self.cell(xs[t], h)
+            outs.append(h)
+        return torch.stack(outs), h
+
+
+def test_sequences_of_different_lengths_share_one_program():
+    model = SequenceRNN().eval()
+    lengths = [7, 60, 1, 7, 12, 1, 2]
+    instances = [(randn(n, 3, seed=k),) for k, n in enumerate(lengths)]
+    batched = assert_batch_matches(model, instances)
+    # one program for every length; length 1 (like 0) is always compiled apart (api's size rules)
+    assert len(batched.single.cache) == 2
+
+
+class WritesInput(nn.Module):
+    def forward(self, x, y):
+        x.mul_(2)
+        if y.sum() > 0:
+            x += y
+        return x
+
+
+def test_writes_into_each_instances_inputs_and_returns_it():
+    model = WritesInput()
+    instances = [(randn(3, seed=k), randn(3, seed=10 + k)) for k in range(5)]
+    batched = assert_batch_matches(model, instances)
+    mine = [_clone(a) for a in instances]
+    with torch.no_grad():
+        outs = batched(mine)
+    assert all(out is a[0] for out, a in zip(outs, mine)), "`return x` returns the instance's own tensor"
+
+
+def test_grad_mode_runs_eagerly_with_a_warning():
+    model = CountedLoop()
+    instances = [(randn(6, seed=k), torch.tensor(2)) for k in range(3)]
+    batched = cocktailer.batch(model, instances[0])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = batched(instances)
+    assert any(issubclass(w.category, cocktailer.GradFallbackWarning) for w in caught)
+    assert outs[0].requires_grad
+
+
+# --------------------------------------------------------------------------- bad instances
+
+
+def test_an_instance_of_another_rank_or_dtype_is_named():
+    model = CountedLoop().eval()
+    good = (randn(6, seed=0), torch.tensor(2))
+    batched = cocktailer.batch(model, good)
+    with pytest.raises(cocktailer.BatchInputError, match="instance 2: argument leaf 0 is a rank-2") as e:
+        batched([good, good, (randn(2, 6, seed=1), torch.tensor(2))])
+    assert e.value.positions == [2]
+    with pytest.raises(cocktailer.BatchInputError, match="instance 1: .*torch.int32"):
+        batched([good, (randn(6, seed=1), torch.tensor(2, dtype=torch.int32))])
+
+
+def test_a_tree_index_out_of_range_is_named_and_nothing_is_returned():
+    w = models.make("treefc", batch=1, size="small", seed=0)
+    instances = _tree_instances(8, [perfect_tree(2)] * 4)
+    left, right, is_leaf, inp, root = instances[3]
+    instances[3] = (left, right, is_leaf, inp, torch.tensor(1000))
+    batched = cocktailer.batch(w.model.eval(), instances[0])
+    with pytest.raises(cocktailer.BatchInputError, match="instance 3: IndexError") as e:
+        batched(instances)
+    assert e.value.positions == [3]
