@@ -63,7 +63,7 @@ class BatchedFunction:
             leaves, trees, (program, run) = self._prepare(i, args, kwargs)
             tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
             prepared.append((program, run, leaves, trees, tensors))
-            key = (id(program), tuple((tuple(t.shape), t.dtype) for t in tensors))
+            key = (id(program), self._executor(program).group_key(tensors))
             groups.setdefault(key, []).append(i)
         results: list = [None] * len(instances)
         for members in sorted(groups.values(), key=len, reverse=True):

@@ -219,6 +219,37 @@ def test_sequences_of_different_lengths_share_one_program():
     batched = assert_batch_matches(model, instances)
     # one program for every length; length 1 (like 0) is always compiled apart (api's size rules)
     assert len(batched.single.cache) == 2
+    assert batched.schedule.lanes == 5, "every length but 1 in one batch, each padded to the longest"
+
+
+class LastAndMean(nn.Module):
+    """Reads each sequence's own last element (a negative index into a padded dim) and
+    averages over the sequence (a sum over it: padding must not join it)."""
+
+    def forward(self, xs):
+        return xs[-1] * 2, xs.mean(0)
+
+
+def test_negative_indices_and_reductions_over_differing_lengths():
+    instances = [(randn(n, 3, seed=k),) for k, n in enumerate([4, 9, 2, 9, 5])]
+    batched = assert_batch_matches(LastAndMean(), instances)
+    assert batched.schedule.lanes == 2, "a mean over the length keeps instances of one length together"
+
+
+def test_trees_of_different_node_counts_run_as_one_batch():
+    w = models.make("treelstm", batch=1, size="small", seed=0)
+    trees = [random_tree(n, n) for n in (2, 17, 5, 9, 30, 3)]
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(50, 8, generator=g)
+    instances = [tree_inputs(t, [int(i) for i in torch.randint(50, (t.num_leaves,), generator=g)], table, t.num_nodes)
+                 for t in trees]   # unpadded: every tree its own node count
+    batched = assert_batch_matches(w.model.eval(), instances)
+    assert batched.schedule.lanes == len(trees)
+    left, right, is_leaf, inp, root = instances[2]
+    instances[2] = (left, right, is_leaf, inp, torch.tensor(int(trees[2].num_nodes)))   # one past its own end
+    with pytest.raises(cocktailer.BatchInputError, match="instance 2: IndexError") as e:
+        batched(instances)
+    assert e.value.positions == [2]
 
 
 class WritesInput(nn.Module):

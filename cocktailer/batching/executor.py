@@ -17,18 +17,23 @@ against eager PyTorch per instance (tests/test_batch.py).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from cocktailer.batching.lanes import Lanes, apply, rows, take
+from cocktailer.batching.ragged import ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
-from cocktailer.ir import CREATION, Function, Op, Operation, Program, Region
+from cocktailer.ir import CREATION, Function, Op, Operation, Program, Region, Sym
 from cocktailer.ir.infer import attrs_at
 from cocktailer.reference.executor import RECURSION_LIMIT, _recursion_limit
 
-LANE, CALLS = "lane", "calls"   # env keys beside value ids: the call ids of the lanes; the self-call handler
+# env keys beside value ids: the call ids of the lanes; the self-call handler; each lane's sizes
+# that differ between instances (one column per ragged size, in `BatchedExecutor.ragged` order)
+LANE, CALLS, SIZES = "lane", "calls", "sizes"
+HIDDEN = (LANE, CALLS, SIZES)
 
 
 @dataclass
@@ -39,6 +44,7 @@ class Schedule:
     depth_first: dict = field(default_factory=dict)   # function -> why it did not run level by level
     branches: int = 0          # branches whose lanes split between the arms
     loop_steps: int = 0        # loop iterations run (each for all the lanes still in the loop)
+    inspect_s: float = 0.0     # seconds the inspectors took (finding call trees and their heights)
 
 
 class BatchedExecutor:
@@ -48,31 +54,54 @@ class BatchedExecutor:
         self.program = program
         self._plans: dict[str, LevelPlan | str] = {}
         self._outside: dict[int, list[int]] = {}   # id(region) -> the ids of the values it reads from outside
-        self.sizes: dict = {}
+        self.sizes: dict = {}   # the sizes every lane of this call shares
         self.schedule = Schedule()
+        self.ragged = sorted(ragged_syms(program), key=lambda sym: sym.name)
+        self._ragged_reads = {sym: (position, dim) for sym, position, dim in reversed(program.sizes)}
+        self._checked: dict[int, list] = {}   # id(op) -> its per-lane indices into ragged dims
+
+    def group_key(self, tensors: list[torch.Tensor]) -> tuple:
+        """Instances with equal keys run together: every size but the ragged ones must agree."""
+        params = self.program.main.params
+        return tuple((t.dtype, tuple(None if d in self.ragged else n for d, n in zip(p.type.shape, t.shape)))
+                     for p, t in zip(params, tensors))
 
     def __call__(self, instances: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
-        """Each instance's results, for instances of equal shapes (one list of inputs each)."""
+        """Each instance's results (one list of inputs each, with equal `group_key`s)."""
         count = len(instances)
         first = instances[0]
-        self.sizes = {sym: first[position].shape[dim] for sym, position, dim in self.program.sizes}
+        self.sizes = {sym: first[position].shape[dim] for sym, position, dim in self.program.sizes
+                      if sym not in self.ragged}
         self.schedule = Schedule(lanes=count)
-        args = [Lanes(torch.stack(column)) for column in zip(*instances)]
+        lane_sizes = torch.tensor([[inst[self._ragged_reads[sym][0]].shape[self._ragged_reads[sym][1]]
+                                    for sym in self.ragged] for inst in instances], dtype=torch.int64)
+        args = [Lanes(_stack_padded(column)) for column in zip(*instances)]
+        hidden = {SIZES: Lanes(lane_sizes)} if self.ragged else {}
         with _recursion_limit(RECURSION_LIMIT):   # depth-first recursion costs Python frames per level
             try:
-                outs = [rows(v, count) for v in self.run_function(self.program.main, args, count)]
+                outs = [rows(v, count) for v in self.run_function(self.program.main, args, count, hidden)]
             except RecursionError:
                 raise CompiledCallError("the program recursed deeper than the batched executor supports "
                                         f"(Python recursion limit {RECURSION_LIMIT})") from None
-        return [[out[i] for out in outs] for i in range(count)]
+        types = [v.type for v in self.program.main.body.yields]
+        return [[self._unpadded(out[i], ty, lane_sizes[i]) for out, ty in zip(outs, types)] for i in range(count)]
+
+    def _unpadded(self, value: torch.Tensor, ty, sizes: torch.Tensor) -> torch.Tensor:
+        """One instance's result cut back to its own sizes along the ragged dims."""
+        if not any(d in self.ragged for d in ty.shape):
+            return value
+        return value[tuple(slice(0, int(sizes[self.ragged.index(d)])) if d in self.ragged else slice(None)
+                           for d in ty.shape)]
 
     # ----------------------------------------------------------------------- functions
 
-    def run_function(self, fn: Function, args: list, count: int) -> list:
+    def run_function(self, fn: Function, args: list, count: int, hidden: dict) -> list:
+        """`hidden`: the caller's per-lane sizes (SIZES), if any."""
         plan = self._plan(fn.name)
         if isinstance(plan, LevelPlan):
-            return self._run_levels(plan, args, count)
+            return self._run_levels(plan, args, count, hidden)
         env = {p.id: a for p, a in zip(fn.params, args)}
+        env.update(hidden)
         return self.run_region(fn.body, env, count)
 
     def _plan(self, name: str) -> LevelPlan | str:
@@ -104,12 +133,39 @@ class BatchedExecutor:
             outs = self._run_call(op, env, count)
         elif kind is Op.CONST:
             outs = [self.program.constants[op.attrs["name"]]]
+        elif kind is Op.DIM and op.operands[0].type.shape[op.attrs["dim"]] in self.ragged:
+            column = self.ragged.index(op.operands[0].type.shape[op.attrs["dim"]])
+            outs = [Lanes(env[SIZES].rows()[:, column])]   # each instance's own size
         else:
             attrs = {**op.attrs, "device": self.program.device} if kind in CREATION else op.attrs
-            outs = [apply(op, [env[v.id] for v in op.operands], attrs_at(attrs, self.sizes), count)]
+            operands = [env[v.id] for v in op.operands]
+            if kind in (Op.SELECT, Op.UPDATE) and self.ragged:
+                operands = self._checked_indices(op, operands, env)
+            outs = [apply(op, operands, attrs_at(attrs, self.sizes), count)]
         for r, value in zip(op.results, outs):
             if value is not None:
                 env[r.id] = value
+
+    def _checked_indices(self, op: Operation, operands: list, env: dict) -> list:
+        """A per-lane index into a ragged dim, checked against the lane's own size (padding must
+        not be read) and counted from the lane's own end when negative, as eager indexes."""
+        checks = self._checked.get(id(op))
+        if checks is None:
+            checks = self._checked[id(op)] = _ragged_indices(op, self.ragged)
+        if not checks:
+            return operands
+        operands = list(operands)
+        sizes = env[SIZES].rows()
+        for position, dim, column in checks:
+            index, limit = operands[position], sizes[:, column]
+            raw = index.rows() if isinstance(index, Lanes) else index.expand(len(limit))
+            value = torch.where(raw < 0, raw + limit, raw)
+            bad = (value < 0) | (value >= limit)
+            if bool(bad.any()):
+                k = int(torch.nonzero(bad)[0])
+                raise IndexError(f"index {int(raw[k])} is out of bounds for dimension {dim} with size {int(limit[k])}")
+            operands[position] = Lanes(value)
+        return operands
 
     def _restricted(self, owner, env: dict, lanes: torch.Tensor | None) -> dict:
         """An env for running the regions of `owner` (an op, or one region) on the lanes `lanes`
@@ -119,7 +175,7 @@ class BatchedExecutor:
             regions = owner.regions if isinstance(owner, Operation) else [owner]
             outside = self._outside[id(owner)] = list({v.id for r in regions for v in r.outside_reads()})
         sub = {vid: env[vid] for vid in outside if vid in env}
-        for key in (LANE, CALLS):
+        for key in HIDDEN:
             if key in env:
                 sub[key] = env[key]
         if lanes is not None:
@@ -136,7 +192,8 @@ class BatchedExecutor:
         if len(chosen) in (0, count):
             return self.run_region(then if len(chosen) else other, env, count, only)
         rest = torch.nonzero(~taken).flatten()
-        self.schedule.branches += 1
+        if only is None:   # (not the inspector's)
+            self.schedule.branches += 1
         arms = [(lanes, self.run_region(region, self._restricted(region, env, lanes), len(lanes), only))
                 for lanes, region in ((chosen, then), (rest, other))]
         return [self._scatter(arms, k, r.type.dtype, count) for k, r in enumerate(op.results)]
@@ -159,7 +216,8 @@ class BatchedExecutor:
         args = [env[v.id] for v in op.operands]
         if handler is not None and op in handler.sites:
             return handler(op, env, count)
-        return self.run_function(self.program.functions[op.attrs["callee"]], args, count)
+        return self.run_function(self.program.functions[op.attrs["callee"]], args, count,
+                                 {SIZES: env[SIZES]} if SIZES in env else {})
 
     # ----------------------------------------------------------------------- loops
 
@@ -169,15 +227,11 @@ class BatchedExecutor:
         trip = env[op.loop_trip.id] if op.loop_trip is not None else None
         trips = trip.rows() if isinstance(trip, Lanes) else None
         stacked_count = op.loop_stacked
-        if stacked_count and trips is not None:   # stacked outputs need one trip count for all lanes
-            if not bool((trips == trips[0]).all()):
-                raise CompiledCallError("a loop with stacked outputs has a different trip count in each instance")
-            trip, trips = trips[0], None
         carried = [env[v.id] for v in op.loop_inits]
         finals: list = [None] * len(carried)   # rows of lanes that left the loop, in lane order
         active = None   # the lanes still in the loop (None: all)
-        steps: list[list] = []
-        i = 0
+        steps: list[tuple] = []   # (the lanes in the loop, the stacked outputs) per iteration
+        finished, i = False, 0
         while trips is not None or trip is None or i < int(trip):
             inside = self._restricted(op, env, active)
             done = trips <= i if active is None and trips is not None else (
@@ -193,7 +247,8 @@ class BatchedExecutor:
                 leaving, staying = torch.nonzero(done).flatten(), torch.nonzero(~done).flatten()
                 finals = [_keep(f, c, lanes[leaving], leaving, count) for f, c in zip(finals, carried)]
                 if len(staying) == 0:
-                    return finals
+                    finished = True
+                    break
                 carried = [take(c, staying) for c in carried]
                 active = lanes[staying]
                 inside = self._restricted(op, env, active)
@@ -203,34 +258,49 @@ class BatchedExecutor:
             _bind(op.loop_body, body_env, i, carried, self.program.device)
             yields = self.run_region(op.loop_body, body_env, _count(active, count))
             carried, step = yields[:len(yields) - stacked_count], yields[len(yields) - stacked_count:]
-            steps.append(step)
+            steps.append((active, step))
             self.schedule.loop_steps += 1
             i += 1
-        if active is None and all(f is None for f in finals):
+        if finished:
+            outs = finals
+        elif active is None and all(f is None for f in finals):
             outs = carried
         else:
             lanes = active if active is not None else torch.arange(count)
             outs = [_keep(f, c, lanes, torch.arange(len(lanes)), count) for f, c in zip(finals, carried)]
-        return outs + [self._stack([s[j] for s in steps], r, count)
-                       for j, r in enumerate(op.results[len(carried):])]
+        return outs + [self._stack([(lanes, s[j]) for lanes, s in steps], r, count)
+                       for j, r in enumerate(op.results[len(outs):])]
 
-    def _stack(self, values: list, result, count: int):
-        if not values:
-            shape = tuple(self.sizes.get(d, d) for d in result.type.shape)
-            return torch.empty(shape, dtype=result.type.dtype, device=self.program.device)
-        if not any(isinstance(v, Lanes) for v in values):
-            return torch.stack(values)
-        return Lanes(torch.stack([rows(v, count) for v in values], dim=1))
+    def _stack(self, steps: list[tuple], result, count: int):
+        """A stacked loop output from its per-iteration values. Where lanes left the loop at
+        different iterations (a ragged trip count), each lane's rows stop at its own count and
+        the rest is padding, cut off where the output leaves the program."""
+        if not steps:
+            rest = [self.sizes.get(d, 0) if isinstance(d, Sym) else d for d in result.type.shape[1:]]
+            return Lanes(torch.empty((count, 0, *rest), dtype=result.type.dtype, device=self.program.device))
+        values = [v for _, v in steps]
+        if all(lanes is None for lanes, _ in steps):
+            if not any(isinstance(v, Lanes) for v in values):
+                return torch.stack(values)
+            return Lanes(torch.stack([rows(v, count) for v in values], dim=1))
+        first = rows(values[0], count if steps[0][0] is None else len(steps[0][0]))
+        out = torch.zeros((count, len(steps), *first.shape[1:]), dtype=first.dtype, device=first.device)
+        for i, (lanes, v) in enumerate(steps):
+            lanes = torch.arange(count) if lanes is None else lanes
+            out[lanes, i] = rows(v, len(lanes))
+        return Lanes(out)
 
     # ----------------------------------------------------------------------- recursion by levels
 
-    def _run_levels(self, plan: LevelPlan, args: list, count: int) -> list:
-        tree = _inspect(self, plan, args, count)
+    def _run_levels(self, plan: LevelPlan, args: list, count: int, hidden: dict) -> list:
+        start = time.perf_counter()
+        tree = _inspect(self, plan, args, count, hidden)
+        self.schedule.inspect_s += time.perf_counter() - start
         fn = plan.function
         tables: list[torch.Tensor] | None = None
         per_level = []
         for ids in tree.levels():
-            env = tree.frame(plan, args, ids)
+            env = tree.frame(plan, args, ids, hidden)
             env[CALLS] = _ReadChildren(plan.sites, tree.children, lambda: tables)
             yields = self.run_region(fn.body, env, len(ids))
             if tables is None:
@@ -307,12 +377,12 @@ class _CallTree:
         order = torch.argsort(self.height, stable=True)
         return order.split(torch.bincount(self.height).tolist())
 
-    def frame(self, plan: LevelPlan, args: list, ids: torch.Tensor) -> dict:
+    def frame(self, plan: LevelPlan, args: list, ids: torch.Tensor, hidden: dict) -> dict:
         return _frame(plan, args, self.root.index_select(0, ids),
-                      {j: a.index_select(0, ids) for j, a in self.arguments.items()}, ids)
+                      {j: a.index_select(0, ids) for j, a in self.arguments.items()}, ids, hidden)
 
 
-def _inspect(executor: BatchedExecutor, plan: LevelPlan, args: list, count: int) -> _CallTree:
+def _inspect(executor: BatchedExecutor, plan: LevelPlan, args: list, count: int, hidden: dict) -> _CallTree:
     """The call tree, found breadth first: each round runs the control slice of every call found
     in the round before, all as one batch (no Python loop over calls). Each round's calls get
     the next ids, so a round is a range of ids."""
@@ -323,7 +393,7 @@ def _inspect(executor: BatchedExecutor, plan: LevelPlan, args: list, count: int)
     start, total = 0, count
     while total > start:
         frontier = torch.arange(start, total)
-        env = _frame(plan, args, roots[-1], {j: arguments[j][-1] for j in varying}, frontier)
+        env = _frame(plan, args, roots[-1], {j: arguments[j][-1] for j in varying}, frontier, hidden)
         recorder = env[CALLS] = _RecordCalls(plan)
         executor.run_region(plan.function.body, env, len(frontier), only=plan.control)
         start = total
@@ -344,11 +414,49 @@ def _inspect(executor: BatchedExecutor, plan: LevelPlan, args: list, count: int)
     return _CallTree(total, torch.cat(roots), {j: torch.cat(a) for j, a in arguments.items()}, children, height)
 
 
-def _frame(plan: LevelPlan, args: list, roots: torch.Tensor, varying: dict, ids: torch.Tensor) -> dict:
+def _frame(plan: LevelPlan, args: list, roots: torch.Tensor, varying: dict, ids: torch.Tensor,
+           hidden: dict) -> dict:
     """The env of the calls `ids`: the parameters every self-call hands on are their root
-    lane's (read through an index, not copied), the others their own."""
-    env = {}
+    lane's (read through an index, not copied), as are the sizes; the others their own."""
+    env = {key: take(value, roots) for key, value in hidden.items()}
     for j, p in enumerate(plan.function.params):
         env[p.id] = take(args[j], roots) if plan.passthrough[j] else Lanes(varying[j])
     env[LANE] = Lanes(ids)
     return env
+
+
+def _stack_padded(column: tuple) -> torch.Tensor:
+    """One input of every instance as one tensor, each padded to the largest along the dims
+    where they differ by repeating its last element (so that padding holds values the instance
+    has: no division by a zero nobody wrote). Nothing reads padding: indices are checked."""
+    shape = [max(t.shape[d] for t in column) for d in range(column[0].dim())]
+    return torch.stack([_padded(t, shape) for t in column])
+
+
+def _padded(t: torch.Tensor, shape: list[int]) -> torch.Tensor:
+    for dim, want in enumerate(shape):
+        have = t.shape[dim]
+        if have == want:
+            continue
+        if have == 0:
+            t = torch.zeros((*t.shape[:dim], want, *t.shape[dim + 1:]), dtype=t.dtype, device=t.device)
+        else:
+            t = t.index_select(dim, torch.arange(want, device=t.device).clamp_(max=have - 1))
+    return t
+
+
+def _ragged_indices(op: Operation, ragged: list) -> list[tuple[int, int, int]]:
+    """(operand position, dim, ragged column) of each per-lane index of a SELECT/UPDATE that
+    indexes a ragged dim."""
+    shape = op.operands[0].type.shape
+    first = 1 if op.op is Op.SELECT else 2   # UPDATE's operands: (x, v, *dynamic indices)
+    found, dim, k = [], 0, 0
+    for item in op.attrs["key"]:
+        if item[0] == "new":
+            continue
+        if item[0] == "dyn":
+            if dim < len(shape) and shape[dim] in ragged:
+                found.append((first + k, dim, ragged.index(shape[dim])))
+            k += 1
+        dim += 1
+    return found

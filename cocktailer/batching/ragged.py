@@ -1,0 +1,88 @@
+"""Which symbolic sizes may differ between the instances of one batch.
+
+Instances run together hold their values in one tensor per value, padded along a size that
+differs between them (a tree's node count, a sentence's length) to the largest. That is exact
+where the program never lets the padding reach a real result: it reads such a dim only through
+per-instance indices (`inp[node]`, `xs[t]`: checked against the instance's own size, negative
+ones counted from its own end), keeps it where it was through elementwise ops, products that do
+not sum over it and reductions over other dims, asks for its size (`len(x)`, `x.shape[0]`: each
+instance's own, so `range(len(x))` runs each instance's count), or returns it (cut back to
+each instance's size). Any other use (a sum or softmax over it, a reshape or cat along it, a
+size computed into an attribute) would mix padding into results: such sizes stay equal within
+a batch, and instances that differ in them run in separate groups.
+"""
+from __future__ import annotations
+
+from cocktailer.ir import ELEMENTWISE, Op, Operation, Program, Sym
+from cocktailer.ir.ops import REDUCE
+
+_KEEP = ELEMENTWISE | {Op.PERMUTE, Op.DIM, Op.CALL, Op.IF, Op.LOOP, Op.CONST}
+
+
+def ragged_syms(program: Program) -> frozenset[Sym]:
+    """The symbolic sizes of the entry's parameters that instances of one batch may differ in."""
+    syms = {sym for sym, _, _ in program.sizes}
+    for op in program.walk():
+        syms -= _mixing(op)
+        if not syms:
+            break
+    return frozenset(syms)
+
+
+def _mixing(op: Operation) -> set[Sym]:
+    """The sizes this op would mix padding into results along."""
+    found = _syms_in(op.attrs)
+    kind = op.op
+    if kind in _KEEP:
+        return found
+    if kind in (Op.SELECT, Op.UPDATE):
+        return found | _indexed_other_than_per_lane(op.operands[0].type.shape, op.attrs["key"])
+    x_shapes = [v.type.shape for v in op.operands]
+    if kind is Op.MATMUL:   # the contracted dim is summed over
+        a, b = x_shapes
+        return found | _syms([a[-1]] + ([b[-2]] if len(b) >= 2 else [b[0]]))
+    if kind in REDUCE or kind in (Op.SOFTMAX, Op.LOG_SOFTMAX):
+        return found | _syms(_reduced(op, x_shapes[0]))
+    if kind is Op.CAT:
+        dim = op.attrs["dim"] % len(x_shapes[0])
+        return found | _syms([shape[dim] for shape in x_shapes])
+    return found | _syms([d for shape in x_shapes for d in shape])
+
+
+def _reduced(op: Operation, shape: tuple) -> list:
+    if op.op in (Op.SOFTMAX, Op.LOG_SOFTMAX):
+        dims = [op.attrs["dim"]]
+    elif op.op in (Op.ARGMAX, Op.ARGMIN):
+        dims = None if op.attrs.get("dim") is None else [op.attrs["dim"]]
+    else:
+        dims = op.attrs.get("dims")
+    return list(shape) if dims is None or not shape else [shape[d % len(shape)] for d in dims]
+
+
+def _indexed_other_than_per_lane(shape: tuple, key: tuple) -> set[Sym]:
+    """Sizes a SELECT/UPDATE key reads by a constant or a partial slice (only full slices and
+    per-instance dynamic indices are checked against each instance's own size)."""
+    mixed, dim = set(), 0
+    for item in key:
+        if item[0] == "new":
+            continue
+        size = shape[dim] if dim < len(shape) else None
+        full = item[0] == "slice" and item[1] in (None, 0) and item[2] is None and item[3] in (None, 1)
+        if isinstance(size, Sym) and not (item[0] == "dyn" or full):
+            mixed.add(size)
+        dim += 1
+    return mixed
+
+
+def _syms(dims) -> set[Sym]:
+    return {d for d in dims if isinstance(d, Sym)}
+
+
+def _syms_in(value) -> set[Sym]:
+    if isinstance(value, Sym):
+        return {value}
+    if isinstance(value, (tuple, list)):
+        return set().union(*(_syms_in(v) for v in value)) if value else set()
+    if isinstance(value, dict):
+        return set().union(*(_syms_in(v) for v in value.values())) if value else set()
+    return set()
