@@ -54,3 +54,14 @@ def test_programs_agree_with_eager_with_every_size_dynamic():
             if outcome.status in ("mismatch", "crash"):
                 failures.append(f"seed {seed} [{config}] {outcome.status}: {outcome.detail[:2000]}")
     assert not failures, "\n\n".join(failures)
+
+
+def test_programs_batched_agree_with_eager_per_instance():
+    """The same programs through cocktailer.batch, six input sets as the instances of one call:
+    each instance's results and arguments as eager gives them for it alone."""
+    failures = []
+    for seed in SEEDS:
+        outcome = check(generate(seed), "batch")
+        if outcome.status in ("mismatch", "crash"):
+            failures.append(f"seed {seed} [batch] {outcome.status}: {outcome.detail[:2000]}")
+    assert not failures, "\n\n".join(failures)

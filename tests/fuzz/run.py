@@ -5,7 +5,8 @@
 
 Each program (see gen.py) runs on the reference backend and on `--native` sampled native
 configurations (see harness.CONFIGS), on several input sets, compared with eager on results
-and on the arguments after the call. Programs run in worker processes with a deadline, so a
+and on the arguments after the call; and through `cocktailer.batch`, its input sets as the
+instances of one batched call. Programs run in worker processes with a deadline, so a
 hang is caught (and a crash of the process too). Every mismatch, crash and hang is
 minimized and written to OUT as a stand-alone reproducer (`repro_<seed>_<config>.py`);
 OUT/summary.json has the counts, the refusals by reason and each failure.
@@ -103,7 +104,7 @@ def _jobs(seeds, native: int):
     """(seed, configuration) pairs, a program's configurations one after the other."""
     from fuzz.harness import configs_for
     for seed in seeds:
-        configs = configs_for(seed, native)
+        configs = configs_for(seed, native) + ["batch"]   # and through cocktailer.batch, its input sets as instances
         for config in configs:
             yield {"check": seed, "config": config, "of": len(configs)}
 
