@@ -266,9 +266,57 @@ def _run_dynet(name: str, size: str, batch: int, seed: int, strategy: str, runs:
             "close": all(torch.allclose(g, e, rtol=1e-4, atol=1e-5) for g, e in zip(got, expected))}
 
 
+class DynetServer:
+    """A DyNet port in a process of its own (DyNet's autobatching strategy is per process) on the
+    caller's model and instances, timed one call at a time on request, so that a benchmark can
+    interleave it with the systems it runs in-process. Calling it runs the port once there and
+    returns that call's seconds (`reports_seconds`); `check` is its results against eager."""
+    reports_seconds = True
+
+    def __init__(self, name: str, model: nn.Module, instances: list, strategy: str, mem_mb: int = DYNET_MEM_MB):
+        import tempfile
+        from bench import machine
+        self._file = tempfile.NamedTemporaryFile(suffix=".pt", delete=False)
+        torch.save({"name": name, "model": model, "instances": instances}, self._file.name)
+        self._proc = subprocess.Popen([sys.executable, "-m", "bench.batch_peers", "--serve", self._file.name,
+                                       "--strategy", strategy, "--mem", str(mem_mb)], cwd=machine.REPO,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.check = json.loads(self._proc.stdout.readline())
+
+    def __call__(self) -> float:
+        self._proc.stdin.write("run\n")
+        self._proc.stdin.flush()
+        return float(self._proc.stdout.readline())
+
+    def close(self):
+        import os
+        self._proc.stdin.close()
+        self._proc.wait(timeout=60)
+        os.unlink(self._file.name)
+
+
+def _serve(path: str, strategy: str, mem_mb: int):
+    """The DynetServer's process: the check as one JSON line, then one line of seconds per request."""
+    init_dynet(strategy, mem_mb)
+    job = torch.load(path, weights_only=False)
+    model, instances = job["model"], job["instances"]
+    port = dynet_port(job["name"], model)
+    with torch.inference_mode():
+        expected = [model(*a) for a in instances]
+    got = port(instances)
+    print(json.dumps({"strategy": strategy, "max_abs_err": max(float((g - e).abs().max()) for g, e in zip(got, expected)),
+                      "close": all(torch.allclose(g, e, rtol=1e-4, atol=1e-5) for g, e in zip(got, expected))}),
+          flush=True)
+    for _ in sys.stdin:
+        t0 = time.perf_counter_ns()
+        port(instances)
+        print((time.perf_counter_ns() - t0) * 1e-9, flush=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dynet", choices=MODELS, required=True, help="the model whose DyNet port to run")
+    p.add_argument("--serve", help="run as a DynetServer on this job file")
+    p.add_argument("--dynet", choices=MODELS, help="the model whose DyNet port to run")
     p.add_argument("--size", default="paper")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
@@ -276,6 +324,10 @@ def main(argv=None):
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--mem", type=int, default=DYNET_MEM_MB, help="DyNet's memory pools, MB")
     a = p.parse_args(argv)
+    if a.serve:
+        return _serve(a.serve, a.strategy, a.mem)
+    if not a.dynet:
+        p.error("--dynet or --serve is required")
     print(json.dumps(_run_dynet(a.dynet, a.size, a.batch, a.seed, a.strategy, a.runs, a.mem)))
 
 

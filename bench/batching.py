@@ -1,0 +1,176 @@
+"""Throughput mode: `cocktailer.batch` against the ways a user runs many instances today.
+
+    python -m bench.batching [--models rae,treelstm,treefc,seq2seq,blockdrop,lstm]
+                             [--hidden 256,512] [--batch 8,64] [--seconds 3] [--out DIR]
+
+Instances: the tree models (RAE, TreeLSTM, TreeFC) over SST trees drawn from the bundled
+sample in their natural node counts (unpadded; TreeFC on perfect trees of height 7, as in
+Cortex), every leaf's vector from a seeded embedding; the other zoo models (paper size)
+on inputs of different seeds, one instance each (seq2seq decodes to each instance's EOS,
+BlockDrop skips each instance's own blocks). `--hidden` applies to the tree models.
+
+Systems, all on the same instances in one process, timed in interleaved rounds:
+- eager: the model on one instance after another (PyTorch eager);
+- compile: `cocktailer.compile(model, dynamic=True)` (cpu backend), one instance per call;
+- batch: `cocktailer.batch(model)`, all instances per call;
+- hand-batched (tree models): `bench.batch_peers.hand_batched`, level by level over index
+  arrays, its linearization timed with it;
+- dynet-agenda, dynet-depth (tree models): DyNet's autobatching, each strategy in a process of
+  its own serving one timed call per round (`bench.batch_peers.DynetServer`).
+
+Every system's results are checked against eager per instance before it is timed. The table
+gives each system's median per call and instances per second, the batched run's speedup over
+each peer, and the time of its inspectors (finding the call trees) on their own.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import random
+import time
+
+import torch
+
+import cocktailer
+from bench import machine
+from bench.results import write_small_run
+from bench.timing import Budget, measure_interleaved, summarize
+from cocktailer import models
+from cocktailer.data import load_sst, perfect_tree
+from cocktailer.models.tree import RAE, TreeFC, TreeLSTM, tree_inputs
+
+TREES = {"rae": RAE, "treelstm": TreeLSTM, "treefc": TreeFC}
+DEFAULT_MODELS = "rae,treelstm,treefc,seq2seq,blockdrop,lstm"
+
+
+def tree_workload(name: str, hidden: int, batch: int, seed: int = 0) -> tuple[torch.nn.Module, list]:
+    torch.manual_seed(seed)
+    model = TREES[name](hidden).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    if name == "treefc":
+        trees = [perfect_tree(7)] * batch
+        vocab = 1000
+    else:
+        sample, rng = load_sst(), random.Random(seed)
+        trees = [rng.choice(sample) for _ in range(batch)]
+        vocab = 2000
+    table = torch.randn(vocab, hidden, generator=g)
+    return model, [tree_inputs(t, torch.randint(vocab, (t.num_leaves,), generator=g).tolist(), table, t.num_nodes)
+                   for t in trees]
+
+
+def zoo_workload(name: str, batch: int) -> tuple[torch.nn.Module, list]:
+    w = models.make(name, 1, size="paper", seed=0)
+    return w.model.eval(), [w.inputs] + [models.make(name, 1, size="paper", seed=s).inputs for s in range(1, batch)]
+
+
+def systems(name: str, model, instances: list, with_dynet: bool) -> dict:
+    """name -> a function running every instance once."""
+    fast = cocktailer.compile(model, instances[0], backend="cpu", dynamic=True)
+    batched = cocktailer.batch(model, instances[0])
+    out = {"eager": lambda: [model(*a) for a in instances],
+           "compile": lambda: [fast(*a) for a in instances],
+           "batch": lambda: batched(instances)}
+    if name in TREES:
+        from bench.batch_peers import DynetServer, hand_batched
+        peer = hand_batched(name, model)
+        out["hand-batched"] = lambda: peer(instances)
+        if with_dynet:
+            for strategy in ("agenda", "depth"):
+                out[f"dynet-{strategy}"] = DynetServer(name, model, instances, strategy)
+    out["batch"].batched = batched
+    return out
+
+
+def _flat(x) -> list[torch.Tensor]:
+    return [x] if isinstance(x, torch.Tensor) else [t for y in x for t in _flat(y)]
+
+
+def check(fns: dict, instances: list) -> dict:
+    """Each system's largest difference from eager, per instance, over every result tensor."""
+    expected = fns["eager"]()
+    errors = {}
+    for system, fn in fns.items():
+        if getattr(fn, "reports_seconds", False):
+            errors[system] = fn.check["max_abs_err"] if fn.check["close"] else float("inf")
+            continue
+        got = fn()
+        errors[system] = max(float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+                             for g, e in zip(got, expected) for a, b in zip(_flat(g), _flat(e)))
+    return errors
+
+
+def run_workload(name: str, hidden: int | None, batch: int, budget: Budget, with_dynet: bool) -> dict:
+    model, instances = tree_workload(name, hidden, batch) if name in TREES else zoo_workload(name, batch)
+    with torch.inference_mode():
+        fns = systems(name, model, instances, with_dynet)
+        try:
+            errors = check(fns, instances)
+            order = list(fns)
+            times = measure_interleaved([fns[s] for s in order], budget)
+            batched = fns["batch"].batched
+            start = time.perf_counter()
+            batched(instances)
+            one_call = time.perf_counter() - start
+            schedule = batched.schedule
+        finally:
+            for fn in fns.values():
+                if hasattr(fn, "close"):
+                    fn.close()
+    return {"model": name, "hidden": hidden, "batch": batch,
+            "sizes": [int(a[0].shape[0]) for a in instances] if name in TREES else None,
+            "max_abs_err": errors,
+            "systems": {s: {"times_s": t, **summarize(t)} for s, t in zip(order, times)},
+            "inspect_s": schedule.inspect_s, "inspect_share": schedule.inspect_s / one_call,
+            "levels": {f: [len(r) for r in runs] for f, runs in schedule.levels.items()},
+            "branches": schedule.branches, "loop_steps": schedule.loop_steps}
+
+
+def table(data: dict) -> str:
+    names = ["eager", "compile", "hand-batched", "dynet-agenda", "dynet-depth", "batch"]
+    lines = ["# Throughput mode: many instances per call", "", machine.summary(data["machine"]),
+             f"- command: `{data['command']}`", "",
+             "Median ms per call of all the instances (instances/s in parentheses for batch); "
+             "x: batch's speedup over that system; inspect: the batched run's inspectors alone.", "",
+             "| model | hidden | batch | " + " | ".join(names) + " | inspect ms | max error vs eager |",
+             "|" + "---|" * (len(names) + 5)]
+    for w in data["workloads"]:
+        ms = {s: v["median_s"] * 1e3 for s, v in w["systems"].items()}
+        ours = ms["batch"]
+        cells = []
+        for s in names:
+            if s not in ms:
+                cells.append("")
+            elif s == "batch":
+                cells.append(f"**{ours:.3g}** ({w['batch'] / ours * 1e3:.0f}/s)")
+            else:
+                cells.append(f"{ms[s]:.3g} ({ms[s] / ours:.2f}x)")
+        worst = max(v for v in w["max_abs_err"].values())
+        lines.append(f"| {w['model']} | {w['hidden'] or ''} | {w['batch']} | " + " | ".join(cells)
+                     + f" | {w['inspect_s'] * 1e3:.2f} | {worst:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=DEFAULT_MODELS)
+    p.add_argument("--hidden", default="256,512", help="the tree models' hidden sizes")
+    p.add_argument("--batch", default="8,64")
+    p.add_argument("--seconds", type=float, default=3.0, help="timed seconds per system, at least")
+    p.add_argument("--no-dynet", action="store_true")
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/batching"))
+    a = p.parse_args(argv)
+    budget = Budget(warmup=2, min_runs=5, min_seconds=a.seconds, max_seconds=4 * a.seconds)
+    data = {"machine": machine.describe(), "command": "python -m bench.batching " + " ".join(argv or []),
+            "workloads": []}
+    for name in a.models.split(","):
+        for hidden in ([int(h) for h in a.hidden.split(",")] if name in TREES else [None]):
+            for batch in (int(b) for b in a.batch.split(",")):
+                print(f"{name} hidden={hidden} batch={batch}", flush=True)
+                data["workloads"].append(run_workload(name, hidden, batch, budget, not a.no_dynet))
+    write_small_run(a.out, data, table(data))
+
+
+if __name__ == "__main__":
+    import sys
+    main(sys.argv[1:])
