@@ -51,6 +51,12 @@ class BatchedFunction:
         self.single._prepare(*self.example)   # captures now: an unsupported model fails here, not per call
         self.schedule = None   # what the last call's largest group did (`explain`)
 
+    def __reduce__(self):
+        """Pickled as the model and its example (what a worker process needs, e.g. Ray's): the
+        copy captures again where it is unpickled; a capture leaves no files, and the batched
+        executor compiles nothing."""
+        return _rebuild, (self.fn, self.example, self.max_iterations)
+
     def __call__(self, instances: Sequence) -> list:
         instances = [self._bound(i, args) for i, args in enumerate(instances)]
         if any(self.single._needs_grad(args, kwargs) for args, kwargs in instances):
@@ -142,3 +148,7 @@ def _mismatch(example: tuple, instance: tuple) -> str | None:
                 return f"a rank-{x[0]} {x[1]} tensor" if isinstance(x, tuple) else f"a {x}"
             return f"argument leaf {k} is {show(got)}, the example's is {show(want)}"
     return None
+
+
+def _rebuild(fn: Callable, example: tuple, max_iterations: int | None) -> BatchedFunction:
+    return BatchedFunction(fn, example[0], max_iterations)   # (binding the arguments again gives the same kwargs)
