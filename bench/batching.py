@@ -2,6 +2,7 @@
 
     python -m bench.batching [--models rae,treelstm,treefc,seq2seq,blockdrop,lstm]
                              [--hidden 256,512] [--batch 8,64] [--seconds 3] [--out DIR]
+    python -m bench.batching --ablation [--models rae,treelstm,treefc] [--hidden 256] [--batch 64]
 
 Instances: the tree models (RAE, TreeLSTM, TreeFC) over SST trees drawn from the bundled
 sample in their natural node counts (unpadded; TreeFC on perfect trees of height 7, as in
@@ -21,6 +22,12 @@ Systems, all on the same instances in one process, timed in interleaved rounds:
 Every system's results are checked against eager per instance before it is timed. The table
 gives each system's median per call and instances per second, the batched run's speedup over
 each peer, and the time of its inspectors (finding the call trees) on their own.
+
+--ablation (ACROBAT's Figure 6): the batched executor with its techniques added one at a time,
+timed interleaved on the same instances: one instance per call; all instances per call with
+recursion depth-first, each lane's operands copied and a product per lane; + parameter reuse
+(a product with a shared weight as one GEMM); + gather fusion (operands read through index
+arrays); + level-by-level recursion (the default).
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ from bench import machine
 from bench.results import write_small_run
 from bench.timing import Budget, measure_interleaved, summarize
 from cocktailer import models
+from cocktailer.batching import Techniques
 from cocktailer.data import load_sst, perfect_tree
 from cocktailer.models.tree import RAE, TreeFC, TreeLSTM, tree_inputs
 
@@ -126,6 +134,47 @@ def run_workload(name: str, hidden: int | None, batch: int, budget: Budget, with
             "branches": schedule.branches, "loop_steps": schedule.loop_steps}
 
 
+ABLATION = [   # (name, techniques, instances per call: 1 or all)
+    ("one instance per call", Techniques(), 1),
+    ("batched, depth-first", Techniques(levels=False, gather_fusion=False, parameter_reuse=False), None),
+    ("+ parameter reuse", Techniques(levels=False, gather_fusion=False), None),
+    ("+ gather fusion", Techniques(levels=False), None),
+    ("+ levels (default)", Techniques(), None),
+]
+
+
+def run_ablation(name: str, hidden: int | None, batch: int, budget: Budget) -> dict:
+    model, instances = tree_workload(name, hidden, batch) if name in TREES else zoo_workload(name, batch)
+    fns = []
+    with torch.inference_mode():
+        expected = [model(*a) for a in instances]
+        for label, techniques, per_call in ABLATION:
+            batched = cocktailer.batch(model, instances[0], techniques=techniques)
+            fn = (lambda b=batched: [b([a])[0] for a in instances]) if per_call == 1 else \
+                (lambda b=batched: b(instances))
+            got = fn()
+            error = max(float((a.double() - b.double()).abs().max())
+                        for g, e in zip(got, expected) for a, b in zip(_flat(g), _flat(e)))
+            fns.append((label, fn, error))
+        times = measure_interleaved([fn for _, fn, _ in fns], budget)
+    return {"model": name, "hidden": hidden, "batch": batch,
+            "steps": [{"name": label, "max_abs_err": error, "times_s": t, **summarize(t)}
+                      for (label, _, error), t in zip(fns, times)]}
+
+
+def ablation_table(data: dict) -> str:
+    lines = ["# Throughput mode: each batching technique added in turn (ACROBAT Figure 6)", "",
+             machine.summary(data["machine"]), f"- command: `{data['command']}`", "",
+             "Median ms per call of all the instances; in parentheses, the speedup over the step before.", ""]
+    labels = [label for label, _, _ in ABLATION]
+    lines += ["| model | hidden | batch | " + " | ".join(labels) + " |", "|" + "---|" * (len(labels) + 3)]
+    for w in data["ablation"]:
+        ms = [step["median_s"] * 1e3 for step in w["steps"]]
+        cells = [f"{ms[0]:.3g}"] + [f"{m:.3g} ({p / m:.2f}x)" for p, m in zip(ms, ms[1:])]
+        lines.append(f"| {w['model']} | {w['hidden'] or ''} | {w['batch']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def table(data: dict) -> str:
     names = ["eager", "compile", "hand-batched", "dynet-agenda", "dynet-depth", "batch"]
     lines = ["# Throughput mode: many instances per call", "", machine.summary(data["machine"]),
@@ -158,17 +207,21 @@ def main(argv=None):
     p.add_argument("--batch", default="8,64")
     p.add_argument("--seconds", type=float, default=3.0, help="timed seconds per system, at least")
     p.add_argument("--no-dynet", action="store_true")
+    p.add_argument("--ablation", action="store_true", help="the techniques added in turn, instead of the peers")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/batching"))
     a = p.parse_args(argv)
     budget = Budget(warmup=2, min_runs=5, min_seconds=a.seconds, max_seconds=4 * a.seconds)
     data = {"machine": machine.describe(), "command": "python -m bench.batching " + " ".join(argv or []),
-            "workloads": []}
+            "workloads": [], "ablation": []}
     for name in a.models.split(","):
         for hidden in ([int(h) for h in a.hidden.split(",")] if name in TREES else [None]):
             for batch in (int(b) for b in a.batch.split(",")):
                 print(f"{name} hidden={hidden} batch={batch}", flush=True)
-                data["workloads"].append(run_workload(name, hidden, batch, budget, not a.no_dynet))
-    write_small_run(a.out, data, table(data))
+                if a.ablation:
+                    data["ablation"].append(run_ablation(name, hidden, batch, budget))
+                else:
+                    data["workloads"].append(run_workload(name, hidden, batch, budget, not a.no_dynet))
+    write_small_run(a.out, data, ablation_table(data) if a.ablation else table(data))
 
 
 if __name__ == "__main__":

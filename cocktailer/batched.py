@@ -19,7 +19,7 @@ import torch
 
 from cocktailer import pytree
 from cocktailer.api import CompiledFunction, GradFallbackWarning, _as_tuple
-from cocktailer.batching import BatchedExecutor
+from cocktailer.batching import BatchedExecutor, Techniques
 from cocktailer.errors import CocktailerError, CompiledCallError, UnsupportedError
 from cocktailer.ir import Program
 from cocktailer.reference import ReferenceExecutor
@@ -34,15 +34,20 @@ class BatchInputError(CocktailerError):
         super().__init__(f"{len(positions)} instance(s) of the batch cannot run (no result is returned for any):\n{lines}")
 
 
-def batch(model_or_function: Callable, example_inputs: tuple, *, max_iterations: int | None = None) -> "BatchedFunction":
+def batch(model_or_function: Callable, example_inputs: tuple, *, max_iterations: int | None = None,
+          techniques: Techniques = Techniques()) -> "BatchedFunction":
     """A callable that takes a list of argument tuples, each one instance of what `example_inputs`
-    is one of, and returns the list of the model's results for them."""
-    return BatchedFunction(model_or_function, _as_tuple(example_inputs), max_iterations)
+    is one of, and returns the list of the model's results for them. `max_iterations` bounds
+    every loop as `compile`'s option does; `techniques` turns batching techniques off (for
+    measuring what each one gives)."""
+    return BatchedFunction(model_or_function, _as_tuple(example_inputs), max_iterations, techniques)
 
 
 class BatchedFunction:
-    def __init__(self, fn: Callable, example_inputs: tuple, max_iterations: int | None = None):
+    def __init__(self, fn: Callable, example_inputs: tuple, max_iterations: int | None = None,
+                 techniques: Techniques = Techniques()):
         self.fn = fn
+        self.techniques = techniques
         self.single = CompiledFunction(fn, backend="reference", dynamic=True)
         self.max_iterations = max_iterations
         self._executors: dict[int, BatchedExecutor] = {}
@@ -55,7 +60,7 @@ class BatchedFunction:
         """Pickled as the model and its example (what a worker process needs, e.g. Ray's): the
         copy captures again where it is unpickled; a capture leaves no files, and the batched
         executor compiles nothing."""
-        return _rebuild, (self.fn, self.example, self.max_iterations)
+        return _rebuild, (self.fn, self.example, self.max_iterations, self.techniques)
 
     def __call__(self, instances: Sequence) -> list:
         instances = [self._bound(i, args) for i, args in enumerate(instances)]
@@ -99,7 +104,7 @@ class BatchedFunction:
             if program.boundary.constants_written:
                 raise UnsupportedError("the model writes its parameters or buffers: instances run together would see "
                                        "each other's writes; run them one by one with cocktailer.compile")
-            executor = self._executors[id(program)] = BatchedExecutor(program)
+            executor = self._executors[id(program)] = BatchedExecutor(program, self.techniques)
         executor.max_iterations = self.max_iterations
         return executor
 
@@ -150,5 +155,5 @@ def _mismatch(example: tuple, instance: tuple) -> str | None:
     return None
 
 
-def _rebuild(fn: Callable, example: tuple, max_iterations: int | None) -> BatchedFunction:
-    return BatchedFunction(fn, example[0], max_iterations)   # (binding the arguments again gives the same kwargs)
+def _rebuild(fn: Callable, example: tuple, max_iterations: int | None, techniques: Techniques) -> BatchedFunction:
+    return BatchedFunction(fn, example[0], max_iterations, techniques)   # (binding the arguments again gives the same kwargs)

@@ -8,6 +8,7 @@ import torch.nn as nn
 
 import cocktailer
 from cocktailer import models
+from cocktailer.batching import Techniques
 from cocktailer.data import chain_tree, perfect_tree, random_tree
 from cocktailer.models.tree import tree_inputs
 from test_tree_objects import BinaryTreeRNN, binary_tree, walk
@@ -304,3 +305,15 @@ def test_a_tree_index_out_of_range_is_named_and_nothing_is_returned():
     with pytest.raises(cocktailer.BatchInputError, match="instance 3: IndexError") as e:
         batched(instances)
     assert e.value.positions == [3]
+
+
+@pytest.mark.parametrize("off", ["levels", "gather_fusion", "parameter_reuse"])
+def test_each_technique_turned_off_gives_the_same_answers(off):
+    """The ablation's configurations compute what the default does (only slower)."""
+    techniques = Techniques(**{off: False})
+    w = models.make("treelstm", batch=1, size="small", seed=0)
+    trees = [chain_tree(9), random_tree(1, 0), random_tree(6, 1), random_tree(13, 2)]
+    batched = assert_batch_matches(w.model.eval(), _tree_instances(8, trees), techniques=techniques)
+    assert bool(batched.schedule.levels) == (off != "levels")
+    assert_batch_matches(EarlyExit().eval(), [(randn(8, seed=k, scale=3.0), torch.tensor(t))
+                                              for k, t in enumerate([0.0, 0.5, 0.7, 0.99])], techniques=techniques)

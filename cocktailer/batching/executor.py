@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cocktailer.batching.lanes import Lanes, apply, rows, take
+from cocktailer.batching.lanes import RULES, Lanes, apply, matmul_per_lane, rows, take
 from cocktailer.batching.ragged import ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
@@ -34,6 +34,15 @@ from cocktailer.reference.executor import RECURSION_LIMIT, _recursion_limit
 # that differ between instances (one column per ragged size, in `BatchedExecutor.ragged` order)
 LANE, CALLS, SIZES = "lane", "calls", "sizes"
 HIDDEN = (LANE, CALLS, SIZES)
+
+
+@dataclass(frozen=True)
+class Techniques:
+    """What the batched executor does beyond running each op for all its lanes at once; all on
+    by default, turned off one at a time for the ablation (`python -m bench.batching --ablation`)."""
+    levels: bool = True            # recursion level by level from an inspector (else depth-first)
+    gather_fusion: bool = True     # lanes read operands through index arrays (else each lane's rows are copied)
+    parameter_reuse: bool = True   # a product with a shared weight is one GEMM (else one product per lane)
 
 
 @dataclass
@@ -50,8 +59,11 @@ class Schedule:
 class BatchedExecutor:
     max_iterations: int | None = None   # the most iterations one run of a loop may take (None: any)
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, techniques: Techniques = Techniques()):
         self.program = program
+        self.techniques = techniques
+        self.take = take if techniques.gather_fusion else _take_copied
+        self.rules = RULES if techniques.parameter_reuse else {**RULES, Op.MATMUL: matmul_per_lane}
         self._plans: dict[str, LevelPlan | str] = {}
         self._outside: dict[int, list[int]] = {}   # id(region) -> the ids of the values it reads from outside
         self.sizes: dict = {}   # the sizes every lane of this call shares
@@ -59,6 +71,7 @@ class BatchedExecutor:
         self.ragged = sorted(ragged_syms(program), key=lambda sym: sym.name)
         self._ragged_reads = {sym: (position, dim) for sym, position, dim in reversed(program.sizes)}
         self._checked: dict[int, list] = {}   # id(op) -> its per-lane indices into ragged dims
+        self._padded = False   # whether this call's instances differ in a ragged size
 
     def group_key(self, tensors: list[torch.Tensor]) -> tuple:
         """Instances with equal keys run together: every size but the ragged ones must agree."""
@@ -75,6 +88,7 @@ class BatchedExecutor:
         self.schedule = Schedule(lanes=count)
         lane_sizes = torch.tensor([[inst[self._ragged_reads[sym][0]].shape[self._ragged_reads[sym][1]]
                                     for sym in self.ragged] for inst in instances], dtype=torch.int64)
+        self._padded = bool((lane_sizes != lane_sizes[:1]).any())   # (else torch's own index checks suffice)
         args = [Lanes(_stack_padded(column)) for column in zip(*instances)]
         hidden = {SIZES: Lanes(lane_sizes)} if self.ragged else {}
         with _recursion_limit(RECURSION_LIMIT):   # depth-first recursion costs Python frames per level
@@ -107,8 +121,9 @@ class BatchedExecutor:
     def _plan(self, name: str) -> LevelPlan | str:
         plan = self._plans.get(name)
         if plan is None:
-            plan = self._plans[name] = (plan_levels(self.program, name) if recursive(self.program, name)
-                                        else "it is not recursive")
+            plan = self._plans[name] = (
+                "it is not recursive" if not recursive(self.program, name) else
+                plan_levels(self.program, name) if self.techniques.levels else "levels are turned off")
         if isinstance(plan, str) and recursive(self.program, name):
             self.schedule.depth_first[name] = plan
         return plan
@@ -141,7 +156,7 @@ class BatchedExecutor:
             operands = [env[v.id] for v in op.operands]
             if kind in (Op.SELECT, Op.UPDATE) and self.ragged:
                 operands = self._checked_indices(op, operands, env)
-            outs = [apply(op, operands, attrs_at(attrs, self.sizes), count)]
+            outs = [apply(op, operands, attrs_at(attrs, self.sizes), count, self.rules)]
         for r, value in zip(op.results, outs):
             if value is not None:
                 env[r.id] = value
@@ -149,6 +164,8 @@ class BatchedExecutor:
     def _checked_indices(self, op: Operation, operands: list, env: dict) -> list:
         """A per-lane index into a ragged dim, checked against the lane's own size (padding must
         not be read) and counted from the lane's own end when negative, as eager indexes."""
+        if not self._padded:
+            return operands
         checks = self._checked.get(id(op))
         if checks is None:
             checks = self._checked[id(op)] = _ragged_indices(op, self.ragged)
@@ -179,7 +196,7 @@ class BatchedExecutor:
             if key in env:
                 sub[key] = env[key]
         if lanes is not None:
-            sub = {k: (take(v, lanes) if k != CALLS else v) for k, v in sub.items()}
+            sub = {k: (self.take(v, lanes) if k != CALLS else v) for k, v in sub.items()}
         return sub
 
     def _run_if(self, op: Operation, env: dict, count: int, only: frozenset | None) -> list:
@@ -249,7 +266,7 @@ class BatchedExecutor:
                 if len(staying) == 0:
                     finished = True
                     break
-                carried = [take(c, staying) for c in carried]
+                carried = [self.take(c, staying) for c in carried]
                 active = lanes[staying]
                 inside = self._restricted(op, env, active)
             if self.max_iterations is not None and i >= self.max_iterations:
@@ -300,7 +317,7 @@ class BatchedExecutor:
         tables: list[torch.Tensor] | None = None
         per_level = []
         for ids in tree.levels():
-            env = tree.frame(plan, args, ids, hidden)
+            env = tree.frame(plan, args, ids, hidden, self.take)
             env[CALLS] = _ReadChildren(plan.sites, tree.children, lambda: tables)
             yields = self.run_region(fn.body, env, len(ids))
             if tables is None:
@@ -377,9 +394,9 @@ class _CallTree:
         order = torch.argsort(self.height, stable=True)
         return order.split(torch.bincount(self.height).tolist())
 
-    def frame(self, plan: LevelPlan, args: list, ids: torch.Tensor, hidden: dict) -> dict:
+    def frame(self, plan: LevelPlan, args: list, ids: torch.Tensor, hidden: dict, take_lanes) -> dict:
         return _frame(plan, args, self.root.index_select(0, ids),
-                      {j: a.index_select(0, ids) for j, a in self.arguments.items()}, ids, hidden)
+                      {j: a.index_select(0, ids) for j, a in self.arguments.items()}, ids, hidden, take_lanes)
 
 
 def _inspect(executor: BatchedExecutor, plan: LevelPlan, args: list, count: int, hidden: dict) -> _CallTree:
@@ -393,7 +410,7 @@ def _inspect(executor: BatchedExecutor, plan: LevelPlan, args: list, count: int,
     start, total = 0, count
     while total > start:
         frontier = torch.arange(start, total)
-        env = _frame(plan, args, roots[-1], {j: arguments[j][-1] for j in varying}, frontier, hidden)
+        env = _frame(plan, args, roots[-1], {j: arguments[j][-1] for j in varying}, frontier, hidden, executor.take)
         recorder = env[CALLS] = _RecordCalls(plan)
         executor.run_region(plan.function.body, env, len(frontier), only=plan.control)
         start = total
@@ -415,12 +432,13 @@ def _inspect(executor: BatchedExecutor, plan: LevelPlan, args: list, count: int,
 
 
 def _frame(plan: LevelPlan, args: list, roots: torch.Tensor, varying: dict, ids: torch.Tensor,
-           hidden: dict) -> dict:
+           hidden: dict, take_lanes) -> dict:
     """The env of the calls `ids`: the parameters every self-call hands on are their root
-    lane's (read through an index, not copied), as are the sizes; the others their own."""
-    env = {key: take(value, roots) for key, value in hidden.items()}
+    lane's (read through an index, not copied, with gather fusion), as are the sizes; the
+    others their own."""
+    env = {key: take_lanes(value, roots) for key, value in hidden.items()}
     for j, p in enumerate(plan.function.params):
-        env[p.id] = take(args[j], roots) if plan.passthrough[j] else Lanes(varying[j])
+        env[p.id] = take_lanes(args[j], roots) if plan.passthrough[j] else Lanes(varying[j])
     env[LANE] = Lanes(ids)
     return env
 
@@ -460,3 +478,8 @@ def _ragged_indices(op: Operation, ragged: list) -> list[tuple[int, int, int]]:
             k += 1
         dim += 1
     return found
+
+
+def _take_copied(value, lanes: torch.Tensor):
+    """`take` without gather fusion: the lanes' rows copied out (the ablation's baseline)."""
+    return Lanes(value.take(lanes).rows()) if isinstance(value, Lanes) else value

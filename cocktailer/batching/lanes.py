@@ -62,13 +62,14 @@ def lane_rank(value) -> int:
     return value.rank if isinstance(value, Lanes) else value.dim()
 
 
-def apply(op: Operation, operands: list, attrs: dict, count: int):
-    """One data op for `count` lanes: a shared result where no operand differs by lane."""
+def apply(op: Operation, operands: list, attrs: dict, count: int, rules: dict | None = None):
+    """One data op for `count` lanes: a shared result where no operand differs by lane.
+    `rules`: the batching rules (default RULES)."""
     if not any(isinstance(v, Lanes) for v in operands):
         return SEMANTICS[op.op](*operands, **attrs)
     if op.op is Op.DIM:   # every lane of a batch has the same sizes
         return _dim(operands[0], attrs["dim"])
-    rule = RULES.get(op.op, _vmapped)
+    rule = (RULES if rules is None else rules).get(op.op, _vmapped)
     out = rule(op.op, operands, attrs, count)
     dtype = op.results[0].type.dtype   # a lane's 0-d operand is a [lanes] tensor here: promotion may differ
     return Lanes(out if out.dtype == dtype else out.to(dtype))
@@ -139,6 +140,18 @@ def _matmul(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
         if ra == 1 and rb == 1:
             return (a.rows() * b.rows()).sum(-1)
     return _vmapped(kind, operands, attrs, count)
+
+
+def matmul_per_lane(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    """The ablation's baseline for parameter reuse: each lane's product with its own copy of a
+    shared operand (a batched product over the lanes, not one GEMM)."""
+    a, b = operands
+    if isinstance(a, Lanes) != isinstance(b, Lanes) and lane_rank(a) <= 2 and lane_rank(b) <= 2:
+        x, y = rows(a, count), rows(b, count)
+        vec_a, vec_b = x.dim() == 2, y.dim() == 2
+        out = torch.bmm(x.unsqueeze(1) if vec_a else x, y.unsqueeze(-1) if vec_b else y)
+        return out.squeeze(-1) if vec_b else (out.squeeze(1) if vec_a else out)
+    return _matmul(kind, operands, attrs, count)
 
 
 def _select(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
