@@ -11,7 +11,7 @@ import torch
 
 from cocktailer.ir import CREATION, SEMANTICS, Op, Program
 from cocktailer.ir.printer import _attr
-from cocktailer.runtime.memo import DERIVED
+from cocktailer.runtime.memo import DERIVED, version
 
 # Ops worth folding: anything but sources (already constant or cheap) and control flow.
 _NOT_FOLDED = CREATION | {Op.CONST, Op.IF, Op.LOOP, Op.CALL}
@@ -63,7 +63,7 @@ def _compute(program: Program, name: str) -> torch.Tensor:
 
 
 def _versions(program: Program, sources: list[str]) -> tuple[int, ...]:
-    return tuple(program.constants[s]._version for s in sources)
+    return tuple(version(program.constants[s]) for s in sources)
 
 
 def refresh_derived(program: Program):

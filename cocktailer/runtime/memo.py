@@ -4,7 +4,12 @@ in this process finds them instead of computing them again.
 
 An entry holds its sources weakly, with their version counters and memory: a source that was
 freed (and whose id a new tensor took), written in place, or given new memory (`w.data = ...`)
-since does not match."""
+since does not match.
+
+Derived tensors are computed outside inference mode even when the compile runs inside it, so
+that they have version counters and can be refreshed in place later. A source made under
+`torch.inference_mode` has no version counter (torch lets it be written in place only inside
+inference mode): `version` gives it a fixed one, so such a write is not seen."""
 from __future__ import annotations
 
 import weakref
@@ -24,11 +29,12 @@ class DerivedTensors:
         """`compute()` (a tensor that is a function of `kind` and `sources`), or the tensor it
         gave for these same sources, unchanged since."""
         key = (kind, tuple(id(s) for s in sources))
-        versions = tuple((s._version, s.data_ptr(), s.shape, s.stride(), s.dtype) for s in sources)
+        versions = tuple((version(s), s.data_ptr(), s.shape, s.stride(), s.dtype) for s in sources)
         entry = self._entries.get(key)
         if entry is not None and entry[1] == versions and all(r() is s for r, s in zip(entry[0], sources)):
             return entry[2]
-        value = compute()
+        with torch.inference_mode(False):
+            value = compute()
         self._entries[key] = ([weakref.ref(s) for s in sources], versions, value)
         self._added += 1
         if self._added % _PRUNE_EVERY == 0:
@@ -37,3 +43,9 @@ class DerivedTensors:
 
 
 DERIVED = DerivedTensors()
+
+
+def version(t: torch.Tensor) -> int:
+    """The tensor's version counter (how often it was written in place); -1 for an inference
+    tensor, which has none."""
+    return -1 if t.is_inference() else t._version

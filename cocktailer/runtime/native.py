@@ -20,7 +20,7 @@ import torch
 from cocktailer.errors import INTERRUPTED, ITERATIONS_EXCEEDED, CompiledCallError
 from cocktailer.ir import Sym, TensorType
 from cocktailer.runtime import interrupt
-from cocktailer.runtime.memo import DERIVED
+from cocktailer.runtime.memo import DERIVED, version as version_of
 
 _ARGTYPES = [ctypes.c_void_p] * 9 + [ctypes.c_int]
 SLOTS_PER_FRAME = 8   # the generated code's CT_SLOTS: resume label, caller frame, fan-out state
@@ -179,7 +179,7 @@ class CompiledProgram:
         self._fn.restype = ctypes.c_int64
         self._constants = [DERIVED.get(c.kind, [c.source], lambda c=c: c.pack(c.source)) if isinstance(c, Packed)
                            else c.detach().contiguous() for c in entry.constants]
-        self._packed_from = {k: c.source._version for k, c in enumerate(entry.constants) if isinstance(c, Packed)}
+        self._packed_from = {k: version_of(c.source) for k, c in enumerate(entry.constants) if isinstance(c, Packed)}
         self._const_table = (ctypes.c_void_p * max(len(self._constants), 1))(*[t.data_ptr() for t in self._constants])
         self._local = threading.local()
         self._layouts: dict[tuple, _Layout] = {}   # a call's sizes -> where its values of symbolic sizes go
@@ -244,9 +244,9 @@ class CompiledProgram:
         (their pointers are in the constant table)."""
         for k, version in self._packed_from.items():
             packed = self.entry.constants[k]
-            if packed.source._version != version:
+            if version_of(packed.source) != version:
                 self._constants[k].copy_(packed.pack(packed.source))
-                self._packed_from[k] = packed.source._version
+                self._packed_from[k] = version_of(packed.source)
 
     @property
     def identity(self) -> str:
