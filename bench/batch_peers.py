@@ -136,6 +136,44 @@ def hand_batched(name: str, model: nn.Module) -> Peer:
     return call
 
 
+def zoo_hand_batched(name: str, model: nn.Module, batch_dims: list[int]) -> Peer:
+    """The zoo's sequence and early-exit models are written for a batch already (masked where
+    instances diverge: BlockDrop and SkipNet blend each block's output with `where`, the LSTMs
+    run every instance to the common length). What a user does with single instances of them:
+    concatenate along each input's batch dim (`batch_dims`), call once, split the result. The
+    seq2seq decoder needs one change to give each instance's own answer: tokens after an
+    instance's EOS are masked to padding (its batch loop runs until every instance is done)."""
+    if name == "seq2seq":
+        return _masked_decoder(model)
+
+    def call(instances: list[tuple]) -> list[torch.Tensor]:
+        with torch.inference_mode():
+            out = model(*(torch.cat(column, d) for column, d in zip(zip(*instances), batch_dims)))
+            return list(out.split(1, 0))
+    return call
+
+
+def _masked_decoder(model: nn.Module) -> Peer:
+    def call(instances: list[tuple]) -> list[torch.Tensor]:
+        with torch.inference_mode():
+            h = torch.cat([a[0] for a in instances])
+            c = torch.cat([a[1] for a in instances])
+            eos_bias = torch.cat([a[2] for a in instances], 1)
+            batch = h.shape[0]
+            out = torch.full((batch, model.max_len), model.pad, dtype=torch.long)
+            tok = torch.full((batch,), model.sos, dtype=torch.long)
+            done = torch.zeros(batch, dtype=torch.bool)
+            for t in range(model.max_len):
+                h, c = model.cell(model.embed(tok), (h, c))
+                tok = (model.proj(h) + eos_bias[t].unsqueeze(1) * model.eos_onehot).argmax(-1)
+                out[:, t] = torch.where(done, model.pad, tok)   # an instance that finished writes padding
+                done = done | (tok == model.eos)
+                if bool(done.all()):
+                    break
+            return list(out.split(1, 0))
+    return call
+
+
 # --------------------------------------------------------------------------- DyNet
 
 

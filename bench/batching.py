@@ -14,8 +14,10 @@ Systems, all on the same instances in one process, timed in interleaved rounds:
 - eager: the model on one instance after another (PyTorch eager);
 - compile: `cocktailer.compile(model, dynamic=True)` (cpu backend), one instance per call;
 - batch: `cocktailer.batch(model)`, all instances per call;
-- hand-batched (tree models): `bench.batch_peers.hand_batched`, level by level over index
-  arrays, its linearization timed with it;
+- hand-batched: for the tree models `bench.batch_peers.hand_batched`, level by level over index
+  arrays, its linearization timed with it; for the zoo's others (written for a batch, masked
+  where instances diverge) the instances concatenated into one call of the model, the seq2seq
+  decoder masking tokens after each instance's EOS (`zoo_hand_batched`);
 - dynet-agenda, dynet-depth (tree models): DyNet's autobatching, each strategy in a process of
   its own serving one timed call per round (`bench.batch_peers.DynetServer`).
 
@@ -72,6 +74,12 @@ def zoo_workload(name: str, batch: int) -> tuple[torch.nn.Module, list]:
     return w.model.eval(), [w.inputs] + [models.make(name, 1, size="paper", seed=s).inputs for s in range(1, batch)]
 
 
+def zoo_batch_dims(name: str) -> list[int]:
+    """Each input's batch dim in the zoo's (batched) model: where batch 1 and batch 2 differ."""
+    one, two = models.make(name, 1, size="small").inputs, models.make(name, 2, size="small").inputs
+    return [next(d for d, (a, b) in enumerate(zip(x.shape, y.shape)) if a != b) for x, y in zip(one, two)]
+
+
 def systems(name: str, model, instances: list, with_dynet: bool) -> dict:
     """name -> a function running every instance once."""
     fast = cocktailer.compile(model, instances[0], backend="cpu", dynamic=True)
@@ -79,13 +87,12 @@ def systems(name: str, model, instances: list, with_dynet: bool) -> dict:
     out = {"eager": lambda: [model(*a) for a in instances],
            "compile": lambda: [fast(*a) for a in instances],
            "batch": lambda: batched(instances)}
-    if name in TREES:
-        from bench.batch_peers import DynetServer, hand_batched
-        peer = hand_batched(name, model)
-        out["hand-batched"] = lambda: peer(instances)
-        if with_dynet:
-            for strategy in ("agenda", "depth"):
-                out[f"dynet-{strategy}"] = DynetServer(name, model, instances, strategy)
+    from bench.batch_peers import DynetServer, hand_batched, zoo_hand_batched
+    peer = hand_batched(name, model) if name in TREES else zoo_hand_batched(name, model, zoo_batch_dims(name))
+    out["hand-batched"] = lambda: peer(instances)
+    if name in TREES and with_dynet:
+        for strategy in ("agenda", "depth"):
+            out[f"dynet-{strategy}"] = DynetServer(name, model, instances, strategy)
     out["batch"].batched = batched
     return out
 
