@@ -58,8 +58,8 @@ class BatchedFunction:
 
     def __reduce__(self):
         """Pickled as the model and its example (what a worker process needs, e.g. Ray's): the
-        copy captures again where it is unpickled; a capture leaves no files, and the batched
-        executor compiles nothing."""
+        copy captures again where it is unpickled, and its native blocks are compiled on its
+        first call, or loaded from the disk cache where an earlier process compiled them."""
         return _rebuild, (self.fn, self.example, self.max_iterations, self.techniques)
 
     def __call__(self, instances: Sequence) -> list:

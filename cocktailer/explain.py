@@ -13,6 +13,7 @@ from typing import Callable
 
 from cocktailer.api import CompiledFunction, compile
 from cocktailer.batched import BatchedFunction
+from cocktailer.batching.blocks import Block
 from cocktailer.batching.lanes import RULES
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.ir import CONTROL, CREATION, Op, Program
@@ -63,7 +64,13 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
                          f"(the control slice) to find the call tree; self-calls at {sites}")
         else:
             lines.append(f"@{name}: depth-first, each call batched over the instances that make it: {plan}")
-    kinds = sorted({op.op.name.lower() for op in program.walk()
+    executor = batched._executor(program)
+    blocks = [p for parts in executor._segments.values() for p in parts if isinstance(p, Block)]
+    lines.append(f"native blocks: {len(blocks)}, holding {sum(len(b.ops) for b in blocks)} ops (one native call "
+                 "each per run of their region, for all its lanes); the other data ops run as batched torch ops"
+                 if executor._segments else "native blocks: none (no C compiler, or turned off)")
+    lines += [f"  left to torch: {note}" for note in executor.block_notes]
+    kinds = sorted({op.op.name.lower() for op in program.walk()   # (sources and sizes are never per instance)
                     if op.op not in RULES.keys() | CONTROL | CREATION and op.op not in (Op.CONST, Op.DIM)})
     lines.append("data ops without a batching rule of their own (run through torch.vmap): "
                  + (", ".join(kinds) if kinds else "none"))

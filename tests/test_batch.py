@@ -307,7 +307,7 @@ def test_a_tree_index_out_of_range_is_named_and_nothing_is_returned():
     assert e.value.positions == [3]
 
 
-@pytest.mark.parametrize("off", ["levels", "gather_fusion", "parameter_reuse"])
+@pytest.mark.parametrize("off", ["levels", "gather_fusion", "parameter_reuse", "native_blocks"])
 def test_each_technique_turned_off_gives_the_same_answers(off):
     """The ablation's configurations compute what the default does (only slower)."""
     techniques = Techniques(**{off: False})
@@ -317,3 +317,15 @@ def test_each_technique_turned_off_gives_the_same_answers(off):
     assert bool(batched.schedule.levels) == (off != "levels")
     assert_batch_matches(EarlyExit().eval(), [(randn(8, seed=k, scale=3.0), torch.tensor(t))
                                               for k, t in enumerate([0.0, 0.5, 0.7, 0.99])], techniques=techniques)
+
+
+def test_runs_of_data_ops_are_native_blocks():
+    """The TreeLSTM's leaf and node cells are one native call each per level, over all lanes."""
+    from cocktailer.batching.blocks import Block
+    w = models.make("treelstm", batch=1, size="small", seed=0)
+    batched = assert_batch_matches(w.model.eval(), _tree_instances(8, [random_tree(n, n) for n in (3, 9, 1, 14)]))
+    (executor,) = batched._executors.values()
+    blocks = [p for parts in executor._segments.values() for p in parts if isinstance(p, Block)]
+    assert len(blocks) >= 2 and max(len(b.ops) for b in blocks) >= 15, [len(b.ops) for b in blocks]
+    assert all(b.compiled is not None for b in blocks) and not executor.block_notes
+    assert "native blocks: " in cocktailer.explain(batched, file=None)

@@ -58,10 +58,12 @@ def test_programs_agree_with_eager_with_every_size_dynamic():
 
 def test_programs_batched_agree_with_eager_per_instance():
     """The same programs through cocktailer.batch, six input sets as the instances of one call:
-    each instance's results and arguments as eager gives them for it alone."""
+    each instance's results and arguments as eager gives them for it alone. Every op by torch;
+    every eighth program also with native blocks (each program compiles its own)."""
     failures = []
     for seed in SEEDS:
-        outcome = check(generate(seed), "batch")
-        if outcome.status in ("mismatch", "crash"):
-            failures.append(f"seed {seed} [batch] {outcome.status}: {outcome.detail[:2000]}")
+        for config in ["batch-torch"] + (["batch"] if seed % (2 * NATIVE_EVERY) == 0 else []):
+            outcome = check(generate(seed), config)
+            if outcome.status in ("mismatch", "crash"):
+                failures.append(f"seed {seed} [{config}] {outcome.status}: {outcome.detail[:2000]}")
     assert not failures, "\n\n".join(failures)

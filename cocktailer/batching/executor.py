@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from cocktailer.backend.batched import build_blocks
+from cocktailer.batching.blocks import Block, batched_program, lane_varying, run_block, segments, uses
 from cocktailer.batching.lanes import RULES, Lanes, apply, matmul_per_lane, rows, take
 from cocktailer.batching.ragged import ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
@@ -29,6 +31,7 @@ from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
 from cocktailer.ir import CREATION, Function, Op, Operation, Program, Region, Sym
 from cocktailer.ir.infer import attrs_at
 from cocktailer.reference.executor import RECURSION_LIMIT, _recursion_limit
+from cocktailer.runtime.compiler import find_compiler
 
 # env keys beside value ids: the call ids of the lanes; the self-call handler; each lane's sizes
 # that differ between instances (one column per ragged size, in `BatchedExecutor.ragged` order)
@@ -43,6 +46,7 @@ class Techniques:
     levels: bool = True            # recursion level by level from an inspector (else depth-first)
     gather_fusion: bool = True     # lanes read operands through index arrays (else each lane's rows are copied)
     parameter_reuse: bool = True   # a product with a shared weight is one GEMM (else one product per lane)
+    native_blocks: bool = True     # runs of data ops as one native call each (else one torch op per op)
 
 
 @dataclass
@@ -72,6 +76,24 @@ class BatchedExecutor:
         self._ragged_reads = {sym: (position, dim) for sym, position, dim in reversed(program.sizes)}
         self._checked: dict[int, list] = {}   # id(op) -> its per-lane indices into ragged dims
         self._padded = False   # whether this call's instances differ in a ragged size
+        self._segments: dict[int, list] = {}   # id(region) -> its ops, runs of them as native blocks
+        self.block_notes: list[str] = []
+        if techniques.native_blocks and find_compiler() is not None:
+            self._build_blocks()
+
+    def _build_blocks(self):
+        varying = lane_varying(self.program, set(self.ragged))
+        users = uses(self.program)
+        for fn in self.program.functions.values():
+            for region in fn.body.regions():
+                self._segments[id(region)] = segments(region, varying, users)
+        blocks = [b for segs in self._segments.values() for b in segs if isinstance(b, Block)]
+        compiled, self.block_notes = build_blocks([batched_program(b, self.program) for b in blocks])
+        for block, entry in zip(blocks, compiled):
+            block.compiled = entry
+        for key, segs in self._segments.items():   # a block that could not be built: its ops one by one
+            self._segments[key] = [part for s in segs
+                                   for part in ([s] if not isinstance(s, Block) or s.compiled else s.ops)]
 
     def group_key(self, tensors: list[torch.Tensor]) -> tuple:
         """Instances with equal keys run together: every size but the ragged ones must agree."""
@@ -133,9 +155,16 @@ class BatchedExecutor:
     def run_region(self, region: Region, env: dict, count: int, only: frozenset | None = None) -> list:
         """The region's yields for `count` lanes; with `only`, just those ops (an inspector's
         control slice), and None for the yields they do not compute."""
-        for op in region.ops:
-            if only is None or id(op) in only:
-                self.run_op(op, env, count, only)
+        if only is None and id(region) in self._segments:
+            for part in self._segments[id(region)]:
+                if isinstance(part, Block):
+                    run_block(part, env, count, Lanes, rows)
+                else:
+                    self.run_op(part, env, count)
+        else:
+            for op in region.ops:
+                if only is None or id(op) in only:
+                    self.run_op(op, env, count, only)
         return [env.get(v.id) for v in region.yields]
 
     def run_op(self, op: Operation, env: dict, count: int, only: frozenset | None = None):

@@ -19,6 +19,7 @@ import torch
 
 import cocktailer
 from cocktailer import settings
+from cocktailer.batching import Techniques
 from fuzz.gen import FuzzNode, Program
 
 settings.verify = True   # an invalid IR is a failure even where a backend happens to run it
@@ -40,8 +41,10 @@ CONFIGS = {
     # with dynamic=True: every size symbolic where the program allows it
     "cpu-dynamic": ("cpu", {}),
     "reference-dynamic": ("reference", {}),
-    # cocktailer.batch: BATCH_SETS input sets as the instances of one batched call
+    # cocktailer.batch: BATCH_SETS input sets as the instances of one batched call, with native
+    # blocks (the default) and with every op run by torch
     "batch": ("batch", {}),
+    "batch-torch": ("batch", {"native_blocks": False}),
 }
 DYNAMIC = {"cpu-dynamic", "reference-dynamic"}
 NATIVE = [name for name, (backend, _) in CONFIGS.items() if backend not in ("reference", "batch")]
@@ -75,7 +78,7 @@ def check(program: Program, config: str, sets: int = INPUT_SETS, max_iterations:
     for ever in native code, where no Python signal reaches it)."""
     backend, options = CONFIGS[config]
     if backend == "batch":
-        return check_batch(program, BATCH_SETS, max_iterations)
+        return check_batch(program, BATCH_SETS, max_iterations, config)
     if max_iterations is not None:
         options = {**options, "max_iterations": max_iterations}
     out = Outcome(program.seed, config, "ok")
@@ -111,16 +114,17 @@ def check(program: Program, config: str, sets: int = INPUT_SETS, max_iterations:
     return out
 
 
-def check_batch(program: Program, sets: int, max_iterations: int | None = None) -> Outcome:
+def check_batch(program: Program, sets: int, max_iterations: int | None = None, config: str = "batch") -> Outcome:
     """`sets` input sets as the instances of one `cocktailer.batch` call: each instance's result
     and arguments after the call against eager on it alone (a module freshly built for each, so
     that no instance sees another's writes into its state; batching refuses modules that write
     it). Instances eager rejects are left out: a batch with one fails as a whole, naming it
     (tests/test_batch.py)."""
+    techniques = Techniques(**CONFIGS[config][1])
     try:
         program.build()
     except SyntaxError as e:   # a minimizer's step that unwrapped a loop around `break`
-        return Outcome(program.seed, "batch", "invalid", _short(e))
+        return Outcome(program.seed, config, "invalid", _short(e))
     instances, expected = [], []
     for k in range(sets):
         args = _clone(program.inputs(k))
@@ -134,23 +138,24 @@ def check_batch(program: Program, sets: int, max_iterations: int | None = None) 
         except Exception:
             continue
     if not instances:
-        return Outcome(program.seed, "batch", "invalid", "eager rejects every input set")
+        return Outcome(program.seed, config, "invalid", "eager rejects every input set")
     mine = [_clone(a) for a in instances]
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            batched = cocktailer.batch(program.build(), _clone(instances[0]), max_iterations=max_iterations)
+            batched = cocktailer.batch(program.build(), _clone(instances[0]), max_iterations=max_iterations,
+                                       techniques=techniques)
             results = batched(mine)
     except cocktailer.UnsupportedError as e:
-        return Outcome(program.seed, "batch", "refused", str(e), refusal_kind(e))
+        return Outcome(program.seed, config, "refused", str(e), refusal_kind(e))
     except Exception as e:
-        return Outcome(program.seed, "batch", "crash", "batched: " + _trace(e))
+        return Outcome(program.seed, config, "crash", "batched: " + _trace(e))
     tol = _tolerance(program.dtype)
     for k, (actual, args, (want, want_args)) in enumerate(zip(results, mine, expected)):
         problem = difference(actual, want, tol, "out") or difference(args, want_args, tol, "inputs")
         if problem and not ill_conditioned(program, instances[k], want, tol):
-            return Outcome(program.seed, "batch", "mismatch", f"instance {k}: {problem}", sets=k)
-    return Outcome(program.seed, "batch", "ok", sets=len(instances))
+            return Outcome(program.seed, config, "mismatch", f"instance {k}: {problem}", sets=k)
+    return Outcome(program.seed, config, "ok", sets=len(instances))
 
 
 def _compare_once(program, eager_fn, fast, args, k, options) -> Outcome | None:

@@ -104,7 +104,7 @@ def _jobs(seeds, native: int):
     """(seed, configuration) pairs, a program's configurations one after the other."""
     from fuzz.harness import configs_for
     for seed in seeds:
-        configs = configs_for(seed, native) + ["batch"]   # and through cocktailer.batch, its input sets as instances
+        configs = configs_for(seed, native) + ["batch", "batch-torch"]   # its input sets as instances of a batch
         for config in configs:
             yield {"check": seed, "config": config, "of": len(configs)}
 

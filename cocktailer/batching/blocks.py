@@ -1,0 +1,210 @@
+"""Native blocks of the batched executor (ACROBAT's grain-size coarsening, §A.2: a static block
+scheduled as a unit, not op by op).
+
+Each maximal run of a region's data ops whose batching rule can be written in the IR becomes one
+program over all the lanes: a value that differs by lane gets a leading dim of a symbolic size
+(the lane count, `LANES`), a weight stays as it is, so a product with it is one GEMM. The blocks
+of a program are compiled together into one library, once, by the native backend; the executor
+calls a block once per run of its region, for whatever lanes reach it, in place of one torch op
+per op. Control flow (branches split by lane, loops, levels) stays in the executor, as in the
+host backend.
+
+Which values differ by lane is decided ahead (`lane_varying`), conservatively: a value the
+analysis calls lane-varying may still be the same in every lane at run time (a branch all lanes
+took alike); it is then repeated per lane for the block.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cocktailer.codegen import kernels
+from cocktailer.ir import CONTROL, CREATION, ELEMENTWISE, Function, Op, Operation, Program, Region, Sym, TensorType, Value
+
+LANES = Sym("lanes", hint=3)
+
+_REDUCE_DIMS = {Op.SUM, Op.MEAN, Op.AMAX, Op.AMIN, Op.ANY, Op.ALL, Op.PROD}
+
+
+@dataclass(eq=False)
+class Block:
+    ops: list[Operation]
+    inputs: list[Value]
+    outputs: list[Value]
+    varying_inputs: list[bool]
+    varying_outputs: list[bool]
+    program: Program | None = None   # the batched program, if every op has an IR rule
+    compiled: object = None          # its entry point, once compiled
+
+
+def lane_varying(program: Program, ragged: set) -> set[int]:
+    """The ids of the values that may differ between lanes: every function's parameters, what
+    is computed from them, a branch's results where its condition differs, every loop's carried
+    values, and each lane's own size of a ragged dim."""
+    varying: set[int] = {p.id for fn in program.functions.values() for p in fn.params}
+    changed = True
+    while changed:
+        before = len(varying)
+        for op in program.walk():
+            varying |= _varying_results(op, varying, ragged)
+        changed = len(varying) != before
+    return varying
+
+
+def _varying_results(op: Operation, varying: set[int], ragged: set) -> set[int]:
+    kind = op.op
+    if kind in CREATION or kind is Op.CONST:
+        return set()
+    if kind is Op.DIM:
+        return {op.results[0].id} if op.operands[0].type.shape[op.attrs["dim"]] in ragged else set()
+    if kind is Op.IF:
+        cond = op.operands[0].id in varying
+        return {r.id for k, r in enumerate(op.results)
+                if cond or any(arm.yields[k].id in varying for arm in op.regions)}
+    if kind is Op.LOOP:   # lanes leave at different iterations: every result and carried value
+        return {r.id for r in op.results} | {p.id for region in op.regions for p in region.params[1:]}
+    if kind is Op.CALL:
+        return {r.id for r in op.results}
+    return {r.id for r in op.results} if any(v.id in varying for v in op.operands) else set()
+
+
+def segments(region: Region, varying: set[int], users: dict[int, set[int]]) -> list:
+    """The region's ops, maximal runs of two or more batchable data ops grouped into Blocks."""
+    out, run = [], []
+
+    def close():
+        if len(run) >= 2:
+            out.append(_block(list(run), varying, users))
+        else:
+            out.extend(run)
+        run.clear()
+
+    for op in region.ops:
+        if _batchable(op, varying):
+            run.append(op)
+        else:
+            close()
+            out.append(op)
+    close()
+    return out
+
+
+def _block(ops: list[Operation], varying: set[int], users: dict[int, set[int]]) -> Block:
+    inside = {id(o) for o in ops}
+    defined = {r.id for o in ops for r in o.results}
+    inputs = list({v.id: v for o in ops for v in o.operands if v.id not in defined}.values())
+    outputs = [r for o in ops for r in o.results if users.get(r.id, set()) - inside]
+    return Block(ops, inputs, outputs, [v.id in varying for v in inputs], [v.id in varying for v in outputs])
+
+
+def uses(program: Program) -> dict[int, set[int]]:
+    """value id -> id() of the ops that read it (reads inside an op's regions count as the op's);
+    -1 for a yield of a region or function."""
+    users: dict[int, set[int]] = {}
+    for fn in program.functions.values():
+        for region in fn.body.regions():
+            for op in region.ops:
+                for v in op.reads():
+                    users.setdefault(v.id, set()).add(id(op))
+            for v in region.yields:
+                users.setdefault(v.id, set()).add(-1)
+    return users
+
+
+# --------------------------------------------------------------------------- the IR's batching rules
+
+
+def _batchable(op: Operation, varying: set[int]) -> bool:
+    """Whether `op` has an IR batching rule here and a native kernel."""
+    if op.op in CONTROL or op.op in CREATION or op.op is Op.CONST or not kernels.supported(op):
+        return False
+    flags = [v.id in varying for v in op.operands]
+    if not any(flags):
+        return True   # the same in every lane: computed once, as it is
+    return _rule(op, flags) is not None
+
+
+def _rule(op: Operation, flags: list[bool]):
+    """The attributes of `op` over lanes (its operands' varying ones have a lane dim in front),
+    or None where no rule is written (the op then runs in the executor, with torch)."""
+    kind, attrs = op.op, op.attrs
+    ranks = [v.type.rank for v in op.operands]
+    rank = op.results[0].type.rank
+    lane_ranks = {r for r, f in zip(ranks, flags) if f}
+    if kind in ELEMENTWISE:   # right-aligned broadcasting pairs lane dims only if every lane value has the result's rank
+        ok = lane_ranks == {rank} and all(r <= rank for r, f in zip(ranks, flags) if not f)
+        return dict(attrs) if ok else None
+    if kind is Op.MATMUL:   # lane vectors times a shared matrix: one GEMM with the lanes as its rows
+        return dict(attrs) if flags == [True, False] and ranks == [1, 2] else None
+    if kind is Op.SELECT:
+        if len(op.operands) > 1 or not flags[0]:
+            return None   # per-lane indices: the executor's gather (fused with the lane index)
+        return {**attrs, "key": (("slice", None, None, None),) + tuple(attrs["key"])}
+    if kind is Op.CAT:
+        if not all(flags):
+            return None
+        return {**attrs, "dim": attrs["dim"] % ranks[0] + 1}
+    if kind in _REDUCE_DIMS:
+        dims = attrs.get("dims")
+        if ranks[0] == 0:
+            return None
+        dims = tuple(range(1, ranks[0] + 1)) if dims is None else tuple(d % ranks[0] + 1 for d in dims)
+        return {**attrs, "dims": dims}
+    if kind in (Op.SOFTMAX, Op.LOG_SOFTMAX) and ranks[0] > 0:
+        return {**attrs, "dim": attrs["dim"] % ranks[0] + 1}
+    if kind is Op.PERMUTE:
+        return {**attrs, "dims": (0,) + tuple(d % ranks[0] + 1 for d in attrs["dims"])}
+    if kind is Op.RESHAPE:
+        return {**attrs, "shape": (LANES,) + tuple(attrs["shape"])}
+    return None
+
+
+def batched_program(block: Block, program: Program) -> Program:
+    """The block as a program over `LANES` lanes: its inputs are parameters, its outputs results."""
+    rename: dict[int, Value] = {}
+    params = []
+    for v, lane in zip(block.inputs, block.varying_inputs):
+        rename[v.id] = Value(_over_lanes(v.type) if lane else v.type, v.hint)
+        params.append(rename[v.id])
+    ops = []
+    for op in block.ops:
+        operands = [rename[v.id] for v in op.operands]
+        flags = [v.type.rank != o.type.rank for v, o in zip(operands, op.operands)]
+        attrs = _rule(op, flags) if any(flags) else dict(op.attrs)
+        results = [Value(_over_lanes(r.type) if any(flags) else r.type, r.hint) for r in op.results]
+        rename.update({r.id: n for r, n in zip(op.results, results)})
+        ops.append(Operation(op.op, operands, results, attrs, [], op.loc))
+    yields = [_as_lanes(rename[v.id], lane, ops) for v, lane in zip(block.outputs, block.varying_outputs)]
+    sizes = _sizes_of(params)
+    return Program({"main": Function("main", Region(params, ops, yields))}, "main", program.constants,
+                   program.device, sizes=sizes)
+
+
+def _over_lanes(ty: TensorType) -> TensorType:
+    return TensorType((LANES, *ty.shape), ty.dtype)
+
+
+def _as_lanes(value: Value, lane: bool, ops: list[Operation]) -> Value:
+    """An output the analysis calls lane-varying but that the block computed once for all
+    lanes (its operands did not differ): repeated per lane, so its type is what callers expect."""
+    if not lane or (value.type.shape[:1] == (LANES,) and value.type.rank >= 1):
+        return value
+    out = Value(_over_lanes(value.type), value.hint)
+    ops.append(Operation(Op.EXPAND, [value], [out], {"shape": (LANES, *value.type.shape)}))
+    return out
+
+
+def _sizes_of(params: list[Value]) -> tuple:
+    found: dict = {}
+    for k, p in enumerate(params):
+        for d, n in enumerate(p.type.shape):
+            if isinstance(n, Sym) and n not in found:
+                found[n] = (n, k, d)
+    return tuple(found.values())
+
+
+def run_block(block: Block, env: dict, count: int, lanes_cls, rows) -> None:
+    """Call the block's native entry for `count` lanes; its outputs into `env`."""
+    inputs = [rows(env[v.id], count) if lane else env[v.id] for v, lane in zip(block.inputs, block.varying_inputs)]
+    outs = block.compiled(inputs)
+    for v, lane, t in zip(block.outputs, block.varying_outputs, outs):
+        env[v.id] = lanes_cls(t) if lane else t
