@@ -1,0 +1,117 @@
+"""The ACROBAT / Cortex evaluation models (cocktailer/models/throughput.py) in throughput mode:
+every instance's result from `cocktailer.batch` equals the model run on it alone in eager
+PyTorch, on the generators' instances and on mixes of very different ones."""
+import pytest
+import torch
+
+from cocktailer.data import chain_tree, perfect_tree, random_tree
+from cocktailer.models import throughput
+from cocktailer.models.throughput import INSTANCES, exit_layers, generated_nodes, transitions_for
+from cocktailer.models.tree import tree_inputs
+from test_batch import assert_batch_matches
+from utils import randn
+
+
+def _shapes(instances) -> set:
+    return {tuple(tuple(a.shape) for a in args) for args in instances}
+
+
+@pytest.mark.parametrize("name", list(INSTANCES))
+def test_model_batched_equals_each_instance(name):
+    model, instances = INSTANCES[name](8, size="small", seed=0)
+    assert len(instances) == 8
+    assert_batch_matches(model, instances)
+
+
+@pytest.mark.parametrize("name", list(INSTANCES))
+def test_generators_are_deterministic_and_sized(name):
+    model, instances = INSTANCES[name](3, size="small", seed=1)
+    again, same = INSTANCES[name](3, size="small", seed=1)
+    for a, b in zip(instances, same):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(p, q) for p, q in zip(model.state_dict().values(), again.state_dict().values()))
+    with pytest.raises(ValueError, match="size must be one of"):
+        INSTANCES[name](1, size="medium")
+
+
+def test_instances_really_differ():
+    """Tree shapes, sentence lengths, inner trip counts, generated trees and exit layers vary."""
+    for name in ("treegru", "mvrnn", "birnn", "stackrnn", "nestedrnn", "berxit"):
+        _, instances = INSTANCES[name](8, size="small", seed=0)
+        assert len(_shapes(instances)) >= 4, name
+    _, instances = INSTANCES["nestedrnn"](8, size="small", seed=0)
+    counts = torch.cat([steps for _, steps in instances])
+    assert 20 <= int(counts.min()) < int(counts.max()) <= 40
+    model, instances = INSTANCES["drnn"](8, size="small", seed=0)
+    assert len({generated_nodes(model, *args) for args in instances}) >= 2
+    model, instances = INSTANCES["berxit"](8, size="small", seed=0)
+    assert len({exit_layers(model, xs) for (xs,) in instances}) >= 2
+
+
+# --------------------------------------------------------------------------- very different instances
+
+
+def _trees(hidden: int, trees) -> list[tuple]:
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(30, hidden, generator=g)
+    return [tree_inputs(t, torch.randint(30, (t.num_leaves,), generator=g).tolist(), table, t.num_nodes)
+            for t in trees]
+
+
+MIXED_TREES = [random_tree(1, 0), chain_tree(20), perfect_tree(3), random_tree(12, 5), random_tree(2, 1)]
+
+
+def test_treegru_one_leaf_beside_a_depth_20_chain():
+    model, _ = INSTANCES["treegru"](1, size="small", seed=0)
+    assert_batch_matches(model, _trees(8, MIXED_TREES))
+
+
+def test_mvrnn_one_leaf_beside_a_depth_20_chain():
+    model, _ = INSTANCES["mvrnn"](1, size="small", seed=0)
+    h = 16
+    instances = []
+    for k, (left, right, is_leaf, vec, root) in enumerate(_trees(h, MIXED_TREES)):
+        mat = torch.eye(h).expand(len(left), h, h) + randn(len(left), h, h, seed=k, scale=0.02)
+        instances.append((left, right, is_leaf, vec, mat * is_leaf[:, None, None], root))
+    assert_batch_matches(model, instances)
+
+
+def test_birnn_one_word_beside_sixty():
+    model, _ = INSTANCES["birnn"](1, size="small", seed=0)
+    assert_batch_matches(model, [(randn(n, 8, seed=n),) for n in (1, 60, 2, 33, 60)])
+
+
+def test_stackrnn_one_word_beside_sixty():
+    model, _ = INSTANCES["stackrnn"](1, size="small", seed=0)
+    trees = [random_tree(1, 0), chain_tree(59), random_tree(60, 1), random_tree(2, 2), perfect_tree(3)]
+    assert_batch_matches(model, [(randn(t.num_leaves, 8, seed=k), transitions_for(t)) for k, t in enumerate(trees)])
+
+
+def test_nestedrnn_one_word_beside_twelve_with_20_and_40_inner_steps():
+    model, _ = INSTANCES["nestedrnn"](1, size="small", seed=0)
+    instances = [(randn(1, 8, seed=0), torch.tensor([40])),
+                 (randn(12, 8, seed=1), torch.full((12,), 20)),
+                 (randn(12, 8, seed=2), torch.tensor([20, 40] * 6)),
+                 (randn(3, 8, seed=3), torch.tensor([33, 21, 40]))]
+    assert_batch_matches(model, instances)
+
+
+def test_drnn_root_only_beside_a_full_depth_6_tree():
+    model, _ = INSTANCES["drnn"](1, size="small", seed=0)
+    model.threshold = 0.0   # every node within the budget expands: 2^(budget+1) - 1 nodes
+    instances = [(randn(8, seed=k), torch.tensor(b)) for k, b in enumerate([0, 6, 1, 3, 0])]
+    assert [generated_nodes(model, *args) for args in instances] == [1, 127, 3, 15, 1]
+    assert_batch_matches(model, instances)
+
+
+def test_berxit_one_token_beside_sixty():
+    model, _ = INSTANCES["berxit"](1, size="small", seed=0)
+    instances = [(randn(n, 16, seed=n),) for n in (1, 60, 7, 60, 2)]
+    assert_batch_matches(model, instances)
+
+
+def test_sizes_have_their_hidden_dims():
+    """The benchmark's sizes (building the models only: no instance is run)."""
+    for size, hidden in (("256", 256), ("large512", 512)):
+        model, instances = throughput.birnn_instances(2, size=size, seed=0)
+        assert model.forward_cell.hidden_size == hidden and instances[0][0].shape[1] == hidden
