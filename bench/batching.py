@@ -6,9 +6,11 @@
 
 Instances: the tree models (RAE, TreeLSTM, TreeFC) over SST trees drawn from the bundled
 sample in their natural node counts (unpadded; TreeFC on perfect trees of height 7, as in
-Cortex), every leaf's vector from a seeded embedding; the other zoo models (paper size)
-on inputs of different seeds, one instance each (seq2seq decodes to each instance's EOS,
-BlockDrop skips each instance's own blocks). `--hidden` applies to the tree models.
+Cortex), every leaf's vector from a seeded embedding; the ACROBAT / Cortex models of
+`cocktailer.models.throughput` (TreeGRU, MV-RNN, BiRNN, StackRNN, NestedRNN, DRNN, Berxit) from
+their generators at size `--hidden`; the other zoo models (paper size) on inputs of different
+seeds, one instance each (seq2seq decodes to each instance's EOS, BlockDrop skips each
+instance's own blocks). `--hidden` applies to the first two groups.
 
 Systems, all on the same instances in one process, timed in interleaved rounds:
 - eager: the model on one instance after another (PyTorch eager);
@@ -34,6 +36,7 @@ arrays); + level-by-level recursion (the default).
 from __future__ import annotations
 
 import argparse
+import math
 import pathlib
 import random
 import time
@@ -47,10 +50,11 @@ from bench.timing import Budget, measure_interleaved, summarize
 from cocktailer import models
 from cocktailer.batching import Techniques
 from cocktailer.data import load_sst, perfect_tree
+from cocktailer.models.throughput import INSTANCES
 from cocktailer.models.tree import RAE, TreeFC, TreeLSTM, tree_inputs
 
 TREES = {"rae": RAE, "treelstm": TreeLSTM, "treefc": TreeFC}
-DEFAULT_MODELS = "rae,treelstm,treefc,seq2seq,blockdrop,lstm"
+DEFAULT_MODELS = "rae,treelstm,treefc,treegru,mvrnn,birnn,stackrnn,nestedrnn,drnn,berxit,seq2seq,blockdrop,lstm"
 
 
 def tree_workload(name: str, hidden: int, batch: int, seed: int = 0) -> tuple[torch.nn.Module, list]:
@@ -67,6 +71,15 @@ def tree_workload(name: str, hidden: int, batch: int, seed: int = 0) -> tuple[to
     table = torch.randn(vocab, hidden, generator=g)
     return model, [tree_inputs(t, torch.randint(vocab, (t.num_leaves,), generator=g).tolist(), table, t.num_nodes)
                    for t in trees]
+
+
+def workload(name: str, hidden: int | None, batch: int) -> tuple[torch.nn.Module, list]:
+    if name in TREES:
+        return tree_workload(name, hidden, batch)
+    if name in INSTANCES:
+        model, instances = INSTANCES[name](batch, size=str(hidden))
+        return model.eval(), instances
+    return zoo_workload(name, batch)
 
 
 def zoo_workload(name: str, batch: int) -> tuple[torch.nn.Module, list]:
@@ -88,8 +101,12 @@ def systems(name: str, model, instances: list, with_dynet: bool) -> dict:
            "compile": lambda: [fast(*a) for a in instances],
            "batch": lambda: batched(instances)}
     from bench.batch_peers import DynetServer, hand_batched, zoo_hand_batched
-    peer = hand_batched(name, model) if name in TREES else zoo_hand_batched(name, model, zoo_batch_dims(name))
-    out["hand-batched"] = lambda: peer(instances)
+    if name in TREES:
+        peer = hand_batched(name, model)
+    elif name not in INSTANCES:   # (no hand-batched port of the throughput zoo's models yet)
+        peer = zoo_hand_batched(name, model, zoo_batch_dims(name))
+    if name not in INSTANCES:
+        out["hand-batched"] = lambda: peer(instances)
     if name in TREES and with_dynet:
         for strategy in ("agenda", "depth"):
             out[f"dynet-{strategy}"] = DynetServer(name, model, instances, strategy)
@@ -116,7 +133,7 @@ def check(fns: dict, instances: list) -> dict:
 
 
 def run_workload(name: str, hidden: int | None, batch: int, budget: Budget, with_dynet: bool) -> dict:
-    model, instances = tree_workload(name, hidden, batch) if name in TREES else zoo_workload(name, batch)
+    model, instances = workload(name, hidden, batch)
     with torch.inference_mode():
         fns = systems(name, model, instances, with_dynet)
         try:
@@ -133,7 +150,7 @@ def run_workload(name: str, hidden: int | None, batch: int, budget: Budget, with
                 if hasattr(fn, "close"):
                     fn.close()
     return {"model": name, "hidden": hidden, "batch": batch,
-            "sizes": [int(a[0].shape[0]) for a in instances] if name in TREES else None,
+            "sizes": [[list(t.shape) for t in a if isinstance(t, torch.Tensor)] for a in instances],
             "max_abs_err": errors,
             "systems": {s: {"times_s": t, **summarize(t)} for s, t in zip(order, times)},
             "inspect_s": schedule.inspect_s, "inspect_share": schedule.inspect_s / one_call,
@@ -151,7 +168,7 @@ ABLATION = [   # (name, techniques, instances per call: 1 or all)
 
 
 def run_ablation(name: str, hidden: int | None, batch: int, budget: Budget) -> dict:
-    model, instances = tree_workload(name, hidden, batch) if name in TREES else zoo_workload(name, batch)
+    model, instances = workload(name, hidden, batch)
     fns = []
     with torch.inference_mode():
         expected = [model(*a) for a in instances]
@@ -204,7 +221,36 @@ def table(data: dict) -> str:
         worst = max(v for v in w["max_abs_err"].values())
         lines.append(f"| {w['model']} | {w['hidden'] or ''} | {w['batch']} | " + " | ".join(cells)
                      + f" | {w['inspect_s'] * 1e3:.2f} | {worst:.1e} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + _goals(data["workloads"])) + "\n"
+
+
+def _goals(workloads: list[dict]) -> list[str]:
+    """The issue's goals at the largest batch, from this run's medians."""
+    if not workloads:
+        return []
+    top = max(w["batch"] for w in workloads)
+    at_top = [w for w in workloads if w["batch"] == top]
+
+    def ratio(w, peer):
+        ms = {s: v["median_s"] for s, v in w["systems"].items()}
+        return ms[peer] / ms["batch"] if peer in ms else None
+
+    def geomean(xs):
+        xs = [x for x in xs if x]
+        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+    dynet = [max(filter(None, [ratio(w, "dynet-agenda"), ratio(w, "dynet-depth")]), default=None) for w in at_top]
+    hand = [(w, ratio(w, "hand-batched")) for w in at_top if ratio(w, "hand-batched")]
+    eager_trees = [ratio(w, "eager") for w in at_top if w["model"] in TREES or w["model"] in ("treegru", "mvrnn")]
+    lines = [f"At batch {top}:"]
+    g = geomean(dynet)
+    lines.append(f"- over DyNet (its better strategy), geomean of {sum(1 for d in dynet if d)} workloads: "
+                 + (f"{g:.2f}x (goal: at least 2.3x)" if g else "not measured"))
+    lines.append(f"- faster than hand-batched PyTorch on {sum(1 for _, r in hand if r > 1)} of {len(hand)} workloads "
+                 "(goal: all): " + ", ".join(f"{w['model']}/{w['hidden'] or '-'} {r:.2f}x" for w, r in hand))
+    if eager_trees:
+        lines.append(f"- over the eager loop on the tree models: {min(eager_trees):.1f}x to {max(eager_trees):.1f}x "
+                     "(goal: at least 10x)")
+    return lines
 
 
 def main(argv=None):
@@ -221,7 +267,7 @@ def main(argv=None):
     data = {"machine": machine.describe(), "command": "python -m bench.batching " + " ".join(argv or []),
             "workloads": [], "ablation": []}
     for name in a.models.split(","):
-        for hidden in ([int(h) for h in a.hidden.split(",")] if name in TREES else [None]):
+        for hidden in ([int(h) for h in a.hidden.split(",")] if name in TREES or name in INSTANCES else [None]):
             for batch in (int(b) for b in a.batch.split(",")):
                 print(f"{name} hidden={hidden} batch={batch}", flush=True)
                 if a.ablation:
