@@ -8,9 +8,11 @@
 - A loop runs while any lane is still in it; lanes whose condition (or trip count) ends leave
   the active set, so finished instances cost nothing more.
 - A recursive function runs level by level where an inspector can find the call tree first
-  (`recursion.py`: Cortex's linearized trees, ACROBAT's inline depth): the calls of every
-  instance whose subtrees have the same height run as one batch, children's results read from a
-  table. Other recursion runs depth-first, each call batched over the lanes that make it.
+  (`recursion.py`, `inspector.py`: Cortex's linearized trees, ACROBAT's inline depth): the
+  calls of every instance whose subtrees have the same height run as one batch, children's
+  results read from a table. Other recursion runs depth-first, each call batched over the
+  lanes that make it.
+- Runs of data ops between control-flow ops are native blocks (`blocks.py`), one call each.
 
 The reference executor defines what every op means; this executor is checked against it and
 against eager PyTorch per instance (tests/test_batch.py).
@@ -24,7 +26,8 @@ import torch
 
 from cocktailer.backend.batched import build_blocks
 from cocktailer.batching.blocks import Block, batched_program, lane_varying, run_block, segments, uses
-from cocktailer.batching.lanes import RULES, Lanes, apply, matmul_per_lane, rows, take
+from cocktailer.batching.inspector import ReadChildren, inspect
+from cocktailer.batching.lanes import CALLS, HIDDEN, RULES, SIZES, Lanes, apply, matmul_per_lane, rows, take
 from cocktailer.batching.ragged import ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
@@ -33,10 +36,6 @@ from cocktailer.ir.infer import attrs_at
 from cocktailer.reference.executor import RECURSION_LIMIT, _recursion_limit
 from cocktailer.runtime.compiler import find_compiler
 
-# env keys beside value ids: the call ids of the lanes; the self-call handler; each lane's sizes
-# that differ between instances (one column per ragged size, in `BatchedExecutor.ragged` order)
-LANE, CALLS, SIZES = "lane", "calls", "sizes"
-HIDDEN = (LANE, CALLS, SIZES)
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ class BatchedExecutor:
         self.techniques = techniques
         self.take = take if techniques.gather_fusion else _take_copied
         self.rules = RULES if techniques.parameter_reuse else {**RULES, Op.MATMUL: matmul_per_lane}
-        self._plans: dict[str, LevelPlan | str] = {}
+        self._plans: dict[str, LevelPlan | str | None] = {}
         self._outside: dict[int, list[int]] = {}   # id(region) -> the ids of the values it reads from outside
         self.sizes: dict = {}   # the sizes every lane of this call shares
         self.schedule = Schedule()
@@ -140,13 +139,14 @@ class BatchedExecutor:
         env.update(hidden)
         return self.run_region(fn.body, env, count)
 
-    def _plan(self, name: str) -> LevelPlan | str:
-        plan = self._plans.get(name)
-        if plan is None:
-            plan = self._plans[name] = (
-                "it is not recursive" if not recursive(self.program, name) else
-                plan_levels(self.program, name) if self.techniques.levels else "levels are turned off")
-        if isinstance(plan, str) and recursive(self.program, name):
+    def _plan(self, name: str) -> LevelPlan | str | None:
+        """How function `name` runs: by levels (its plan), depth-first (why), or None: it is not
+        recursive."""
+        if name not in self._plans:
+            self._plans[name] = (None if not recursive(self.program, name) else
+                                 plan_levels(self.program, name) if self.techniques.levels else "levels are turned off")
+        plan = self._plans[name]
+        if isinstance(plan, str):
             self.schedule.depth_first[name] = plan
         return plan
 
@@ -340,14 +340,14 @@ class BatchedExecutor:
 
     def _run_levels(self, plan: LevelPlan, args: list, count: int, hidden: dict) -> list:
         start = time.perf_counter()
-        tree = _inspect(self, plan, args, count, hidden)
+        tree = inspect(self, plan, args, count, hidden)
         self.schedule.inspect_s += time.perf_counter() - start
         fn = plan.function
         tables: list[torch.Tensor] | None = None
         per_level = []
         for ids in tree.levels():
             env = tree.frame(plan, args, ids, hidden, self.take)
-            env[CALLS] = _ReadChildren(plan.sites, tree.children, lambda: tables)
+            env[CALLS] = ReadChildren(plan.sites, tree.children, lambda: tables)
             yields = self.run_region(fn.body, env, len(ids))
             if tables is None:
                 tables = [_table(v, t.dtype, tree.calls) for v, t in zip(yields, fn.result_types)]
@@ -380,96 +380,6 @@ def _keep(final, value, lanes: torch.Tensor, which: torch.Tensor, count: int):
 def _table(value, dtype: torch.dtype, calls: int) -> torch.Tensor:
     shape = value.base.shape[1:] if isinstance(value, Lanes) else value.shape
     return torch.empty((calls, *shape), dtype=dtype)
-
-
-class _ReadChildren:
-    """Level mode's self-call: the callee already ran a level below; read its results."""
-
-    def __init__(self, sites: tuple, children: dict, tables):
-        self.sites, self.children, self.tables = sites, children, tables
-
-    def __call__(self, op: Operation, env: dict, count: int) -> list:
-        child = self.children[self.sites.index(op)].index_select(0, env[LANE].rows())
-        if bool((child < 0).any()):
-            raise AssertionError("a call the inspector did not find ran")
-        return [Lanes(t, child) for t in self.tables()]
-
-
-class _RecordCalls:
-    """The inspector's self-call: note which lanes call, with which arguments; run nothing."""
-
-    def __init__(self, plan: LevelPlan):
-        self.sites, self.plan = plan.sites, plan
-        self.made: list[tuple[int, torch.Tensor, dict]] = []
-
-    def __call__(self, op: Operation, env: dict, count: int) -> list:
-        varying = {j: rows(env[v.id], count) for j, v in enumerate(op.operands) if not self.plan.passthrough[j]}
-        self.made.append((self.sites.index(op), env[LANE].rows(), varying))
-        return [None] * len(op.results)
-
-
-@dataclass
-class _CallTree:
-    """Every call of a recursive function that the instances make: call c belongs to lane
-    `root[c]` of the outer call, takes `arguments[j][c]` for each parameter j that varies, and its
-    site s calls `children[s][c]` (-1: that site is not reached). Heights order the levels."""
-    calls: int
-    root: torch.Tensor
-    arguments: dict
-    children: dict
-    height: torch.Tensor
-
-    def levels(self):
-        order = torch.argsort(self.height, stable=True)
-        return order.split(torch.bincount(self.height).tolist())
-
-    def frame(self, plan: LevelPlan, args: list, ids: torch.Tensor, hidden: dict, take_lanes) -> dict:
-        return _frame(plan, args, self.root.index_select(0, ids),
-                      {j: a.index_select(0, ids) for j, a in self.arguments.items()}, ids, hidden, take_lanes)
-
-
-def _inspect(executor: BatchedExecutor, plan: LevelPlan, args: list, count: int, hidden: dict) -> _CallTree:
-    """The call tree, found breadth first: each round runs the control slice of every call found
-    in the round before, all as one batch (no Python loop over calls). Each round's calls get
-    the next ids, so a round is a range of ids."""
-    varying = [j for j, through in enumerate(plan.passthrough) if not through]
-    arguments = {j: [rows(args[j], count)] for j in varying}   # per round
-    roots = [torch.arange(count)]
-    links: list[tuple[int, torch.Tensor, torch.Tensor]] = []   # (site, parent calls, child calls)
-    start, total = 0, count
-    while total > start:
-        frontier = torch.arange(start, total)
-        env = _frame(plan, args, roots[-1], {j: arguments[j][-1] for j in varying}, frontier, hidden, executor.take)
-        recorder = env[CALLS] = _RecordCalls(plan)
-        executor.run_region(plan.function.body, env, len(frontier), only=plan.control)
-        start = total
-        for site, callers, _ in recorder.made:
-            links.append((site, callers, torch.arange(total, total + len(callers))))
-            total += len(callers)
-        if total > start:
-            callers = torch.cat([c for _, c, _ in recorder.made])
-            roots.append(roots[-1].index_select(0, callers - frontier[0]))
-            for j in varying:
-                arguments[j].append(torch.cat([made[j] for _, _, made in recorder.made]))
-    height = torch.zeros(total, dtype=torch.int64)
-    for site, parents, children in reversed(links):   # children come after their parents
-        height.scatter_reduce_(0, parents, height.index_select(0, children) + 1, "amax")
-    children = {s: torch.full((total,), -1, dtype=torch.int64) for s in range(len(plan.sites))}
-    for site, parents, kids in links:
-        children[site][parents] = kids
-    return _CallTree(total, torch.cat(roots), {j: torch.cat(a) for j, a in arguments.items()}, children, height)
-
-
-def _frame(plan: LevelPlan, args: list, roots: torch.Tensor, varying: dict, ids: torch.Tensor,
-           hidden: dict, take_lanes) -> dict:
-    """The env of the calls `ids`: the parameters every self-call hands on are their root
-    lane's (read through an index, not copied, with gather fusion), as are the sizes; the
-    others their own."""
-    env = {key: take_lanes(value, roots) for key, value in hidden.items()}
-    for j, p in enumerate(plan.function.params):
-        env[p.id] = take_lanes(args[j], roots) if plan.passthrough[j] else Lanes(varying[j])
-    env[LANE] = Lanes(ids)
-    return env
 
 
 def _stack_padded(column: tuple) -> torch.Tensor:

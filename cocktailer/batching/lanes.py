@@ -20,6 +20,13 @@ import torch
 from cocktailer.ir import ELEMENTWISE, SEMANTICS, Op, Operation
 
 
+# An executor's env maps value ids to values, and these keys to what a region needs beside them:
+# the call ids of the lanes (level mode); the self-call handler; each lane's sizes that differ
+# between instances (one column per ragged size).
+LANE, CALLS, SIZES = "lane", "calls", "sizes"
+HIDDEN = (LANE, CALLS, SIZES)
+
+
 class Lanes:
     """A value with one row per lane: lane i holds base[i], or base[index[i]] when index is set."""
     __slots__ = ("base", "index")

@@ -1,0 +1,105 @@
+"""The inspector (ACROBAT's ahead-of-time inspector, Cortex's linearizer) of a recursive function
+that runs level by level: every call the instances make, found breadth first by running the
+function's control slice (`recursion.LevelPlan.control`) for a whole round of calls at once; each
+call's height (leaves 0), which orders the levels; and, while the levels run, a self-call read
+from the results table of the level below instead of made.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cocktailer.batching.lanes import CALLS, LANE, Lanes, rows, take
+from cocktailer.batching.recursion import LevelPlan
+from cocktailer.ir import Operation
+
+
+class ReadChildren:
+    """Level mode's self-call: the callee already ran a level below; read its results."""
+
+    def __init__(self, sites: tuple, children: dict, tables):
+        self.sites, self.children, self.tables = sites, children, tables
+
+    def __call__(self, op: Operation, env: dict, count: int) -> list:
+        child = self.children[self.sites.index(op)].index_select(0, env[LANE].rows())
+        if bool((child < 0).any()):
+            raise AssertionError("a call the inspector did not find ran")
+        return [Lanes(t, child) for t in self.tables()]
+
+
+class RecordCalls:
+    """The inspector's self-call: note which lanes call, with which arguments; run nothing."""
+
+    def __init__(self, plan: LevelPlan):
+        self.sites, self.plan = plan.sites, plan
+        self.made: list[tuple[int, torch.Tensor, dict]] = []
+
+    def __call__(self, op: Operation, env: dict, count: int) -> list:
+        varying = {j: rows(env[v.id], count) for j, v in enumerate(op.operands) if not self.plan.passthrough[j]}
+        self.made.append((self.sites.index(op), env[LANE].rows(), varying))
+        return [None] * len(op.results)
+
+
+@dataclass
+class CallTree:
+    """Every call of a recursive function that the instances make: call c belongs to lane
+    `root[c]` of the outer call, takes `arguments[j][c]` for each parameter j that varies, and its
+    site s calls `children[s][c]` (-1: that site is not reached). Heights order the levels."""
+    calls: int
+    root: torch.Tensor
+    arguments: dict
+    children: dict
+    height: torch.Tensor
+
+    def levels(self):
+        order = torch.argsort(self.height, stable=True)
+        return order.split(torch.bincount(self.height).tolist())
+
+    def frame(self, plan: LevelPlan, args: list, ids: torch.Tensor, hidden: dict, take_lanes) -> dict:
+        return frame(plan, args, self.root.index_select(0, ids),
+                      {j: a.index_select(0, ids) for j, a in self.arguments.items()}, ids, hidden, take_lanes)
+
+
+def inspect(executor, plan: LevelPlan, args: list, count: int, hidden: dict) -> CallTree:
+    """The call tree, found breadth first: each round runs the control slice of every call found
+    in the round before, all as one batch (no Python loop over calls), through `executor` (a
+    BatchedExecutor). Each round's calls get the next ids, so a round is a range of ids."""
+    varying = [j for j, through in enumerate(plan.passthrough) if not through]
+    arguments = {j: [rows(args[j], count)] for j in varying}   # per round
+    roots = [torch.arange(count)]
+    links: list[tuple[int, torch.Tensor, torch.Tensor]] = []   # (site, parent calls, child calls)
+    start, total = 0, count
+    while total > start:
+        frontier = torch.arange(start, total)
+        env = frame(plan, args, roots[-1], {j: arguments[j][-1] for j in varying}, frontier, hidden, executor.take)
+        recorder = env[CALLS] = RecordCalls(plan)
+        executor.run_region(plan.function.body, env, len(frontier), only=plan.control)
+        start = total
+        for site, callers, _ in recorder.made:
+            links.append((site, callers, torch.arange(total, total + len(callers))))
+            total += len(callers)
+        if total > start:
+            callers = torch.cat([c for _, c, _ in recorder.made])
+            roots.append(roots[-1].index_select(0, callers - frontier[0]))
+            for j in varying:
+                arguments[j].append(torch.cat([made[j] for _, _, made in recorder.made]))
+    height = torch.zeros(total, dtype=torch.int64)
+    for site, parents, children in reversed(links):   # children come after their parents
+        height.scatter_reduce_(0, parents, height.index_select(0, children) + 1, "amax")
+    children = {s: torch.full((total,), -1, dtype=torch.int64) for s in range(len(plan.sites))}
+    for site, parents, kids in links:
+        children[site][parents] = kids
+    return CallTree(total, torch.cat(roots), {j: torch.cat(a) for j, a in arguments.items()}, children, height)
+
+
+def frame(plan: LevelPlan, args: list, roots: torch.Tensor, varying: dict, ids: torch.Tensor,
+           hidden: dict, take_lanes) -> dict:
+    """The env of the calls `ids`: the parameters every self-call hands on are their root
+    lane's (read through an index, not copied, with gather fusion), as are the sizes; the
+    others their own."""
+    env = {key: take_lanes(value, roots) for key, value in hidden.items()}
+    for j, p in enumerate(plan.function.params):
+        env[p.id] = take_lanes(args[j], roots) if plan.passthrough[j] else Lanes(varying[j])
+    env[LANE] = Lanes(ids)
+    return env
