@@ -29,14 +29,15 @@ each peer, and the time of its inspectors (finding the call trees) on their own.
 
 --ablation (ACROBAT's Figure 6): the batched executor with its techniques added one at a time,
 timed interleaved on the same instances: one instance per call; all instances per call with
-recursion depth-first, each lane's operands copied and a product per lane; + parameter reuse
-(a product with a shared weight as one GEMM); + gather fusion (operands read through index
-arrays); + level-by-level recursion (the default).
+recursion depth-first, each lane's operands copied, a product per lane and every op a torch op;
++ parameter reuse (a product with a shared weight as one GEMM); + gather fusion (operands read
+through index arrays); + level-by-level recursion; + native blocks (the default).
 """
 from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import replace
 import pathlib
 import random
 import time
@@ -158,12 +159,14 @@ def run_workload(name: str, hidden: int | None, batch: int, budget: Budget, with
             "branches": schedule.branches, "loop_steps": schedule.loop_steps}
 
 
+_OFF = Techniques(levels=False, gather_fusion=False, parameter_reuse=False, native_blocks=False)
 ABLATION = [   # (name, techniques, instances per call: 1 or all)
     ("one instance per call", Techniques(), 1),
-    ("batched, depth-first", Techniques(levels=False, gather_fusion=False, parameter_reuse=False), None),
-    ("+ parameter reuse", Techniques(levels=False, gather_fusion=False), None),
-    ("+ gather fusion", Techniques(levels=False), None),
-    ("+ levels (default)", Techniques(), None),
+    ("batched, depth-first", _OFF, None),
+    ("+ parameter reuse", replace(_OFF, parameter_reuse=True), None),
+    ("+ gather fusion", replace(_OFF, parameter_reuse=True, gather_fusion=True), None),
+    ("+ levels", Techniques(native_blocks=False), None),
+    ("+ native blocks (default)", Techniques(), None),
 ]
 
 
