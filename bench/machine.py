@@ -8,7 +8,7 @@ import platform
 import subprocess
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-LIBRARIES = ("torch", "jax", "jaxlib", "onnx", "onnxruntime", "onnxscript", "numpy", "matplotlib")
+LIBRARIES = ("torch", "jax", "jaxlib", "onnx", "onnxruntime", "onnxscript", "numpy", "matplotlib", "dynet38", "ray")
 
 
 def describe() -> dict:
