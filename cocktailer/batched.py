@@ -112,7 +112,9 @@ class BatchedFunction:
         """The program's yields for each instance of one group (a program, one set of shapes)."""
         executor = self._executor(program)
         try:
-            with torch.inference_mode():   # (writes into inputs reach the stacked copies; _finish copies them back)
+            # no_grad, not inference_mode: results are the user's, who may write into them in place
+            # (writes into inputs reach the stacked copies; _finish copies them back)
+            with torch.no_grad():
                 outs = executor(tensors)
         except (IndexError, RuntimeError, CompiledCallError):
             self._raise_for_instances(program, tensors, members)
@@ -128,7 +130,7 @@ class BatchedFunction:
         bad, reasons = [], []
         for i, instance in zip(members, tensors):
             try:
-                with torch.inference_mode():
+                with torch.no_grad():
                     reference([t.clone() for t in instance])
             except (IndexError, RuntimeError, CompiledCallError) as e:
                 bad.append(i)

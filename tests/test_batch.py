@@ -271,6 +271,34 @@ def test_writes_into_each_instances_inputs_and_returns_it():
     assert all(out is a[0] for out, a in zip(outs, mine)), "`return x` returns the instance's own tensor"
 
 
+def test_results_are_ordinary_tensors_the_caller_may_write_into():
+    model = CountedLoop().eval()
+    instances = [(randn(6, seed=k), torch.tensor(k)) for k in range(4)]
+    with torch.no_grad():
+        outs = cocktailer.batch(model, instances[0])(_clone(instances))
+        expected = [model(*a) + 1 for a in _clone(instances)]
+    for out, want in zip(outs, expected):
+        assert not out.is_inference()
+        out += 1   # as on eager's result
+        assert_same(out, want)
+
+
+class SameForAll(nn.Module):
+    """A result that is the same for every instance (computed from no input)."""
+
+    def forward(self, x):
+        return x * 2, torch.zeros(3) + 1
+
+
+def test_a_result_the_same_for_every_instance_is_each_instances_own():
+    instances = [(randn(3, seed=k),) for k in range(3)]
+    with torch.no_grad():
+        outs = cocktailer.batch(SameForAll(), instances[0])(instances)
+    shared = [out[1] for out in outs]
+    shared[0] += 1   # an instance's caller writes into its result
+    assert not torch.equal(shared[0], shared[1]) and torch.equal(shared[1], shared[2])
+
+
 def test_grad_mode_runs_eagerly_with_a_warning():
     model = CountedLoop()
     instances = [(randn(6, seed=k), torch.tensor(2)) for k in range(3)]

@@ -119,7 +119,8 @@ class BatchedExecutor:
                 raise CompiledCallError("the program recursed deeper than the batched executor supports "
                                         f"(Python recursion limit {RECURSION_LIMIT})") from None
         types = [v.type for v in self.program.main.body.yields]
-        return [[self._unpadded(out[i], ty, lane_sizes[i]) for out, ty in zip(outs, types)] for i in range(count)]
+        return [[self._unpadded(_own_row(out, i), ty, lane_sizes[i]) for out, ty in zip(outs, types)]
+                for i in range(count)]
 
     def _unpadded(self, value: torch.Tensor, ty, sizes: torch.Tensor) -> torch.Tensor:
         """One instance's result cut back to its own sizes along the ragged dims."""
@@ -356,6 +357,14 @@ class BatchedExecutor:
             per_level.append(len(ids))
         self.schedule.levels.setdefault(fn.name, []).append(per_level)
         return [Lanes(table.narrow(0, 0, count)) for table in tables]   # calls 0..count-1 are the roots
+
+
+def _own_row(out: torch.Tensor, i: int) -> torch.Tensor:
+    """Instance i's row of a result. Rows of a lane tensor are memory of their own; a result the
+    same for every instance (repeated, stride 0) is copied, so that an instance's caller writing
+    into its result does not write into the others'."""
+    row = out[i]
+    return row.clone() if out.dim() and out.stride(0) == 0 and out.shape[0] > 1 else row
 
 
 def _count(active, count: int) -> int:
