@@ -357,3 +357,18 @@ def test_runs_of_data_ops_are_native_blocks():
     assert len(blocks) >= 2 and max(len(b.ops) for b in blocks) >= 15, [len(b.ops) for b in blocks]
     assert all(b.compiled is not None for b in blocks) and not executor.block_notes
     assert "native blocks: " in cocktailer.explain(batched, file=None)
+
+
+class ConstantThenIndex(nn.Module):
+    """Indices that vary by instance after constant ones (which drop their dims first)."""
+
+    def forward(self, x, k):
+        a = x[-1, k[2] % 3]
+        b = x[1:, 0, k[0]]
+        c = x[None, 1, k[1] % 3]
+        return a * 2, b, c
+
+
+def test_per_instance_indices_after_constant_ones():
+    instances = [(randn(4, 3, 5, seed=j), torch.tensor([j % 5, (j + 2) % 3, j])) for j in range(5)]
+    assert_batch_matches(ConstantThenIndex(), instances)

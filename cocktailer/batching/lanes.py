@@ -167,18 +167,16 @@ def _select(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
     gather from the table itself (the lane's index array, when it has one, stands for the lane dim)."""
     x, dynamic = operands[0], operands[1:]
     batched_x = isinstance(x, Lanes)
-    basic, positions = [slice(None)] if batched_x else [], []
+    basic, positions = [slice(None)] if batched_x else [], []   # positions: the dynamic ones' dims in y
+    kept = len(basic)   # dims of y so far (an int item drops its dim)
     for item in attrs["key"]:
-        if item[0] == "slice":
-            basic.append(slice(*item[1:]))
-        elif item[0] == "int":
+        if item[0] == "int":
             basic.append(item[1])
             continue
-        elif item[0] == "dyn":
-            positions.append(len(basic))
-            basic.append(slice(None))
-        else:   # "new"
-            basic.append(None)
+        if item[0] == "dyn":
+            positions.append(kept)
+        basic.append(slice(*item[1:]) if item[0] == "slice" else None if item[0] == "new" else slice(None))
+        kept += 1
     if not positions and batched_x:
         return x.rows()[tuple(basic)]
     y = (x.base if batched_x else x)[tuple(basic)]

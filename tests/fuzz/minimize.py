@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from fuzz.gen import FuzzNode, Program, Stmt
-from fuzz.harness import CONFIGS, INPUT_SETS, Outcome, check
+from fuzz.harness import BATCH_SETS, CONFIGS, INPUT_SETS, Outcome, check
 
 
 CANDIDATE_ITERATIONS = 100_000   # generated loops run a few iterations: more is a candidate looping for ever
@@ -135,7 +135,7 @@ def _follow(stmts: list[Stmt], path: tuple) -> list[Stmt]:
 def write_reproducer(program: Program, config: str, detail: str, directory: Path) -> Path:
     """A stand-alone file: the program, its input sets, the configuration, and the check."""
     backend, options = CONFIGS[config]
-    sets = [[_literal(x) for x in program.inputs(k)] for k in range(INPUT_SETS)]
+    sets = [[_literal(x) for x in program.inputs(k)] for k in range(BATCH_SETS if backend == "batch" else INPUT_SETS)]
     path = Path(directory) / f"repro_{program.seed}_{config}.py"
     header = "\n".join(f"# {line}" for line in detail.splitlines()[:12])
     path.write_text(f'''"""cocktailer differential-fuzzing reproducer: seed {program.seed}, {config}.
@@ -180,7 +180,29 @@ def _comparable(args):
     return tuple(_comparable(a) for a in args) if isinstance(args, tuple) else args
 
 
+def _eager_or_none(k):
+    try:
+        args = _inputs(k)
+        with torch.no_grad():
+            return _model()(*args), args
+    except Exception:   # eager rejects this input set: it is not an instance
+        return None
+
+
 def test_reproducer():
+    if BACKEND == "batch":   # the input sets eager accepts, as the instances of one batched call
+        from cocktailer.batching import Techniques
+        kept = [k for k in range(len(INPUT_SETS)) if _eager_or_none(k) is not None]
+        batched = cocktailer.batch(_model(), _inputs(kept[0]), techniques=Techniques(**OPTIONS))
+        mine = [_inputs(k) for k in kept]
+        with torch.no_grad():
+            actuals = batched(mine)
+        tol = 1e-9 if DTYPE == torch.float64 else 1e-4
+        for k, actual, args in zip(kept, actuals, mine):
+            expected, eager_args = _eager_or_none(k)
+            torch.testing.assert_close(actual, expected, rtol=tol, atol=tol, equal_nan=True)
+            torch.testing.assert_close(_comparable(args), _comparable(eager_args), rtol=tol, atol=tol, equal_nan=True)
+        return
     eager, compiled = _model(), _model()
     fast = cocktailer.compile(compiled, _inputs(0), backend=BACKEND, options=OPTIONS)
     for k in range(len(INPUT_SETS)):
