@@ -21,8 +21,8 @@ from cocktailer.backend.config import Config
 from cocktailer.backend.native import NATIVE_STAGES, Build, Part, run_stages
 from cocktailer.backend.record import Record
 from cocktailer.codegen import kernels
-from cocktailer.ir import CONTROL, Function, Op, Operation, Program, Region, Sym, Value
-from cocktailer.ir.analysis import native_legal, nesting_depths, runs_in_python
+from cocktailer.ir import CONTROL, Function, Op, Operation, Program, Region, Value
+from cocktailer.ir.analysis import native_legal, nesting_depths, runs_in_python, sizes_of, value_users
 from cocktailer.ir.program import clone_ops
 from cocktailer.reference.executor import ReferenceExecutor, dead_after
 from cocktailer.runtime.native import CompiledProgram, default_workers
@@ -32,19 +32,6 @@ class _Block:
     def __init__(self, ops: list[Operation], inputs: list[Value], outputs: list[Value]):
         self.ops, self.inputs, self.outputs = ops, inputs, outputs
         self.compiled: CompiledProgram | None = None
-
-
-def _uses_outside(fn: Function) -> dict[int, set[int]]:
-    """value id -> ids of the operations that read it (a read inside an op's regions counts
-    as the op's); -1 for a function or region yield."""
-    users: dict[int, set[int]] = {}
-    for region in fn.body.regions():
-        for op in region.ops:
-            for v in op.reads():
-                users.setdefault(v.id, set()).add(id(op))
-        for v in region.yields:
-            users.setdefault(v.id, set()).add(-1)
-    return users
 
 
 def _segments(region: Region, users: dict[int, set[int]], native: set[int]) -> list:
@@ -104,7 +91,7 @@ class HostExecutor(ReferenceExecutor):
         self.max_iterations = config.max_iterations
         self.library: str | None = None
         self.segments: dict[int, list] = {}
-        users = {name: _uses_outside(fn) for name, fn in program.functions.items()}
+        users = {name: value_users(fn) for name, fn in program.functions.items()}
         pending = [(program.entry, program.main.body)]
         while pending:   # the regions Python runs: not those inside a construct that runs natively
             name, region = pending.pop()
@@ -125,7 +112,7 @@ class HostExecutor(ReferenceExecutor):
         ops = clone_ops(block.ops, rename)
         functions = {"main": Function("main", Region(params, ops, [rename[v.id] for v in block.outputs]))}
         functions.update({name: self.program.functions[name] for name in _callees(block.ops, self.program)})
-        return Program(functions, "main", self.program.constants, self.program.device, sizes=_sizes_of(params))
+        return Program(functions, "main", self.program.constants, self.program.device, sizes=sizes_of(params))
 
     @property
     def identity(self) -> str:
@@ -151,17 +138,6 @@ class HostExecutor(ReferenceExecutor):
             for vid in gone:
                 env.pop(vid, None)   # a block's value used only inside it was never in env
         return [env[v.id] for v in region.yields]
-
-
-def _sizes_of(params: list[Value]) -> tuple:
-    """A block's symbolic sizes, each read where the first of its inputs that has it holds it
-    (a size only its intermediates have leaves the block to need it as a number)."""
-    found: dict = {}
-    for k, p in enumerate(params):
-        for d, n in enumerate(p.type.shape):
-            if isinstance(n, Sym) and n not in found:
-                found[n] = (n, k, d)
-    return tuple(found.values())
 
 
 def all_workers(b: Build) -> str:

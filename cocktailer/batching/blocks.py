@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from cocktailer.codegen import kernels
 from cocktailer.ir import CONTROL, CREATION, ELEMENTWISE, Function, Op, Operation, Program, Region, Sym, TensorType, Value
+from cocktailer.ir.analysis import sizes_of
 
 LANES = Sym("lanes", hint=3)
 
@@ -96,20 +97,6 @@ def _block(ops: list[Operation], varying: set[int], users: dict[int, set[int]]) 
     return Block(ops, inputs, outputs, [v.id in varying for v in inputs], [v.id in varying for v in outputs])
 
 
-def uses(program: Program) -> dict[int, set[int]]:
-    """value id -> id() of the ops that read it (reads inside an op's regions count as the op's);
-    -1 for a yield of a region or function."""
-    users: dict[int, set[int]] = {}
-    for fn in program.functions.values():
-        for region in fn.body.regions():
-            for op in region.ops:
-                for v in op.reads():
-                    users.setdefault(v.id, set()).add(id(op))
-            for v in region.yields:
-                users.setdefault(v.id, set()).add(-1)
-    return users
-
-
 # --------------------------------------------------------------------------- the IR's batching rules
 
 
@@ -174,7 +161,7 @@ def batched_program(block: Block, program: Program) -> Program:
         rename.update({r.id: n for r, n in zip(op.results, results)})
         ops.append(Operation(op.op, operands, results, attrs, [], op.loc))
     yields = [_as_lanes(rename[v.id], lane, ops) for v, lane in zip(block.outputs, block.varying_outputs)]
-    sizes = _sizes_of(params)
+    sizes = sizes_of(params)
     return Program({"main": Function("main", Region(params, ops, yields))}, "main", program.constants,
                    program.device, sizes=sizes)
 
@@ -191,15 +178,6 @@ def _as_lanes(value: Value, lane: bool, ops: list[Operation]) -> Value:
     out = Value(_over_lanes(value.type), value.hint)
     ops.append(Operation(Op.EXPAND, [value], [out], {"shape": (LANES, *value.type.shape)}))
     return out
-
-
-def _sizes_of(params: list[Value]) -> tuple:
-    found: dict = {}
-    for k, p in enumerate(params):
-        for d, n in enumerate(p.type.shape):
-            if isinstance(n, Sym) and n not in found:
-                found[n] = (n, k, d)
-    return tuple(found.values())
 
 
 def run_block(block: Block, env: dict, count: int, lanes_cls, rows) -> None:

@@ -25,13 +25,14 @@ from dataclasses import dataclass, field
 import torch
 
 from cocktailer.backend.batched import build_blocks
-from cocktailer.batching.blocks import Block, batched_program, lane_varying, run_block, segments, uses
+from cocktailer.batching.blocks import Block, batched_program, lane_varying, run_block, segments
 from cocktailer.batching.inspector import ReadChildren, inspect
 from cocktailer.batching.lanes import CALLS, HIDDEN, RULES, SIZES, Lanes, apply, matmul_per_lane, rows, take
 from cocktailer.batching.ragged import ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
 from cocktailer.ir import CREATION, Function, Op, Operation, Program, Region, Sym
+from cocktailer.ir.analysis import value_users
 from cocktailer.ir.infer import attrs_at
 from cocktailer.reference.executor import RECURSION_LIMIT, _recursion_limit
 from cocktailer.runtime.compiler import find_compiler
@@ -82,7 +83,7 @@ class BatchedExecutor:
 
     def _build_blocks(self):
         varying = lane_varying(self.program, set(self.ragged))
-        users = uses(self.program)
+        users = {vid: ops for fn in self.program.functions.values() for vid, ops in value_users(fn).items()}
         for fn in self.program.functions.values():
             for region in fn.body.regions():
                 self._segments[id(region)] = segments(region, varying, users)

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Callable
 
 from cocktailer.ir.ops import CONTROL, Op
-from cocktailer.ir.program import Function, Operation, Program, Region
+from cocktailer.ir.program import Function, Operation, Program, Region, Value
+from cocktailer.ir.types import Sym
 
 HasKernel = Callable[[Operation], bool]
 
@@ -169,3 +170,30 @@ def known_trip_counts(fn: Function) -> dict:
     trips.update((op.results[0].id, op.operands[0].type.shape[op.attrs["dim"]])
                  for op in fn.body.walk() if op.op is Op.DIM)
     return trips
+
+
+# -- a block of ops as a program of its own (the host backend's blocks, the batched executor's) --
+
+def value_users(fn: Function) -> dict[int, set[int]]:
+    """value id -> id() of the ops of `fn` that read it (a read inside an op's regions counts
+    as the op's); -1 for a function or region yield."""
+    users: dict[int, set[int]] = {}
+    for region in fn.body.regions():
+        for op in region.ops:
+            for v in op.reads():
+                users.setdefault(v.id, set()).add(id(op))
+        for v in region.yields:
+            users.setdefault(v.id, set()).add(-1)
+    return users
+
+
+def sizes_of(params: list[Value]) -> tuple:
+    """The symbolic sizes of a program made of these parameters, each read where the first of
+    them that has it holds it: `Program.sizes` (a size only its intermediates have leaves the
+    program to need it as a number)."""
+    found: dict = {}
+    for k, p in enumerate(params):
+        for d, n in enumerate(p.type.shape):
+            if isinstance(n, Sym) and n not in found:
+                found[n] = (n, k, d)
+    return tuple(found.values())
