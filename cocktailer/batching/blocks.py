@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cocktailer.batching.lanes import Lanes, rows
 from cocktailer.codegen import kernels
 from cocktailer.ir import CONTROL, CREATION, ELEMENTWISE, Function, Op, Operation, Program, Region, Sym, TensorType, Value
 from cocktailer.ir.analysis import sizes_of
@@ -180,9 +181,9 @@ def _as_lanes(value: Value, lane: bool, ops: list[Operation]) -> Value:
     return out
 
 
-def run_block(block: Block, env: dict, count: int, lanes_cls, rows) -> None:
+def run_block(block: Block, env: dict, count: int) -> None:
     """Call the block's native entry for `count` lanes; its outputs into `env`."""
     inputs = [rows(env[v.id], count) if lane else env[v.id] for v, lane in zip(block.inputs, block.varying_inputs)]
     outs = block.compiled(inputs)
     for v, lane, t in zip(block.outputs, block.varying_outputs, outs):
-        env[v.id] = lanes_cls(t) if lane else t
+        env[v.id] = Lanes(t) if lane else t

@@ -160,7 +160,7 @@ class BatchedExecutor:
         if only is None and id(region) in self._segments:
             for part in self._segments[id(region)]:
                 if isinstance(part, Block):
-                    run_block(part, env, count, Lanes, rows)
+                    run_block(part, env, count)
                 else:
                     self.run_op(part, env, count)
         else:

@@ -14,6 +14,7 @@ a batch, and instances that differ in them run in separate groups.
 from __future__ import annotations
 
 from cocktailer.ir import ELEMENTWISE, Op, Operation, Program, Sym
+from cocktailer.ir.infer import syms_in
 from cocktailer.ir.ops import REDUCE
 
 _KEEP = ELEMENTWISE | {Op.PERMUTE, Op.DIM, Op.CALL, Op.IF, Op.LOOP, Op.CONST}
@@ -31,7 +32,7 @@ def ragged_syms(program: Program) -> frozenset[Sym]:
 
 def _mixing(op: Operation) -> set[Sym]:
     """The sizes this op would mix padding into results along."""
-    found = _syms_in(op.attrs)
+    found = set(syms_in(tuple(op.attrs.values())))
     kind = op.op
     if kind in _KEEP:
         return found
@@ -76,13 +77,3 @@ def _indexed_other_than_per_lane(shape: tuple, key: tuple) -> set[Sym]:
 
 def _syms(dims) -> set[Sym]:
     return {d for d in dims if isinstance(d, Sym)}
-
-
-def _syms_in(value) -> set[Sym]:
-    if isinstance(value, Sym):
-        return {value}
-    if isinstance(value, (tuple, list)):
-        return set().union(*(_syms_in(v) for v in value)) if value else set()
-    if isinstance(value, dict):
-        return set().union(*(_syms_in(v) for v in value.values())) if value else set()
-    return set()

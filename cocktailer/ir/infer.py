@@ -21,12 +21,12 @@ def infer_type(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any
     repeats the same ops on the same types (skipnet: 2,400 ops, ~130 different)."""
     if any(t.syms for t in operand_types):
         return _infer_symbolic(op, operand_types, attrs)
-    if op is Op.FULL and _syms_in(tuple(attrs["shape"])):   # `torch.zeros(seq_len, h)`: sized at call time
+    if op is Op.FULL and syms_in(tuple(attrs["shape"])):   # `torch.zeros(seq_len, h)`: sized at call time
         hinted = TensorType(tuple(attrs["shape"]), attrs["dtype"]).hinted
         infer_type(op, [], {**attrs, "shape": hinted.shape})   # checks the rest as torch would
         return TensorType(tuple(attrs["shape"]), attrs["dtype"])
     key = _memo_key(op, operand_types, attrs)
-    if key is None and (syms := _syms_in(tuple(attrs.values()))):   # a shape attribute of a symbolic size
+    if key is None and (syms := syms_in(tuple(attrs.values()))):   # a shape attribute of a symbolic size
         raise SymbolicSizeError(syms, f"{op.name.lower()}'s attributes")
     known = _INFERRED.get(key) if key is not None else None
     if known is None:
@@ -64,7 +64,7 @@ def _infer_symbolic(op: Op, operand_types: Sequence[TensorType], attrs: dict[str
         raise SymbolicSizeError(syms, op.name.lower())
     if op in (Op.SELECT, Op.UPDATE):
         _check_key(op, operand_types, attrs)
-    in_attrs = _syms_in(tuple(attrs.values()))
+    in_attrs = syms_in(tuple(attrs.values()))
     if in_attrs and (op not in _SHAPED or not set(in_attrs) <= set(syms)):
         raise SymbolicSizeError(in_attrs, f"{op.name.lower()}'s attributes")
     captured = infer_type(op, [t.hinted for t in operand_types], attrs_at(attrs, {s: s.hint for s in syms}))
@@ -158,7 +158,7 @@ def hinted_attrs(attrs: dict) -> dict:
 def attrs_at(attrs: dict, values: dict) -> dict:
     """A shaped op's attributes with its symbolic sizes at these values (a call's: Sym -> int),
     else at their captured ones; the same dict where it names none."""
-    if "shape" not in attrs or not _syms_in(tuple(attrs["shape"])):
+    if "shape" not in attrs or not syms_in(tuple(attrs["shape"])):
         return attrs
     return {**attrs, "shape": tuple(values.get(d, d.hint) if isinstance(d, Sym) else d for d in attrs["shape"])}
 
@@ -172,9 +172,10 @@ def _memo_key(op: Op, operand_types: Sequence[TensorType], attrs: dict[str, Any]
         return None
 
 
-def _syms_in(values: tuple) -> tuple:
+def syms_in(values: tuple) -> tuple:
+    """The Syms in `values`, nested tuples and lists included, each once, in order."""
     return tuple(dict.fromkeys(s for v in values for s in ((v,) if isinstance(v, Sym) else
-                                                          _syms_in(tuple(v)) if type(v) in (tuple, list) else ())))
+                                                          syms_in(tuple(v)) if type(v) in (tuple, list) else ())))
 
 
 class _NotPlain(Exception):
