@@ -80,6 +80,10 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
     else:
         lines.append(f"last call (its largest group): {schedule.lanes} instances; branches whose instances split: "
                      f"{schedule.branches}; loop iterations: {schedule.loop_steps}")
+        for name, how in schedule.inspectors.items():
+            lines.append(f"  @{name}: inspector " + ("compiled to C (one pass over every instance's calls)" if how == "native"
+                                                     else f"run as torch ops, a round of calls at a time: {how}"))
+        lines.append(f"  inspectors: {schedule.inspect_s * 1e3:.3f} ms")
         for name, runs in schedule.levels.items():
             for per_level in runs:
                 lines.append(f"  @{name}: {len(per_level)} levels, calls per level (height 0 first): "

@@ -335,7 +335,7 @@ def test_a_tree_index_out_of_range_is_named_and_nothing_is_returned():
     assert e.value.positions == [3]
 
 
-@pytest.mark.parametrize("off", ["levels", "gather_fusion", "parameter_reuse", "native_blocks"])
+@pytest.mark.parametrize("off", ["levels", "gather_fusion", "parameter_reuse", "native_blocks", "native_inspector"])
 def test_each_technique_turned_off_gives_the_same_answers(off):
     """The ablation's configurations compute what the default does (only slower)."""
     techniques = Techniques(**{off: False})
@@ -345,6 +345,60 @@ def test_each_technique_turned_off_gives_the_same_answers(off):
     assert bool(batched.schedule.levels) == (off != "levels")
     assert_batch_matches(EarlyExit().eval(), [(randn(8, seed=k, scale=3.0), torch.tensor(t))
                                               for k, t in enumerate([0.0, 0.5, 0.7, 0.99])], techniques=techniques)
+
+
+def _call_tree(batched, instances, native: bool):
+    """The call tree the batched run of `instances` found, by the native or the torch inspector."""
+    from cocktailer.batching import executor as module
+    (executor,) = batched._executors.values()
+    executor._inspectors.clear()
+    executor.techniques = Techniques(native_inspector=native)
+    found = []
+    native_call, torch_inspect = module.NativeInspector.__call__, module.inspect
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module.NativeInspector, "__call__", lambda *a: found.append(native_call(*a)) or found[-1])
+        patch.setattr(module, "inspect", lambda *a: found.append(torch_inspect(*a)) or found[-1])
+        batched(instances)
+    (tree,) = found
+    return tree
+
+
+def _calls(tree) -> list[tuple]:
+    """Every call as (instance, height, its arguments, its children's heights): what does not
+    depend on the order the inspector numbered the calls in."""
+    heights = tree.height.tolist()
+    kids = {s: c.tolist() for s, c in tree.children.items()}
+    return sorted((int(tree.root[c]), heights[c], tuple(int(a[c]) for a in tree.arguments.values()),
+                   tuple(heights[kids[s][c]] if kids[s][c] >= 0 else -1 for s in sorted(kids)))
+                  for c in range(tree.calls))
+
+
+@pytest.mark.parametrize("name", ["rae", "treelstm", "treefc"])
+def test_the_native_inspector_finds_the_torch_inspectors_call_tree(name):
+    w = models.make(name, batch=1, size="small", seed=0)
+    trees = [chain_tree(12), random_tree(1, 0), perfect_tree(3)] + [random_tree(n, n) for n in (2, 7, 19, 30)]
+    instances = _tree_instances(8, trees)
+    batched = assert_batch_matches(w.model.eval(), instances)
+    assert batched.schedule.inspectors == {next(iter(batched.schedule.levels)): "native"}
+    native, torch_ops = _call_tree(batched, instances, True), _call_tree(batched, instances, False)
+    assert native.calls == torch_ops.calls == sum(2 * t.num_leaves - 1 for t in trees)
+    assert _calls(native) == _calls(torch_ops)
+    assert [len(level) for level in native.levels()] == [len(level) for level in torch_ops.levels()]
+
+
+def test_a_tree_with_a_cycle_is_named_instead_of_running_forever():
+    """A node that is its own child: the native inspector stops at the recursion bound, and the
+    instance is named (eager Python would raise RecursionError)."""
+    w = models.make("treefc", batch=1, size="small", seed=0)
+    instances = _tree_instances(8, [perfect_tree(2)] * 3)
+    left, right, is_leaf, inp, root = instances[1]
+    left = left.clone()
+    left[int(root)] = int(root)
+    instances[1] = (left, right, is_leaf, inp, root)
+    batched = cocktailer.batch(w.model.eval(), instances[0])
+    with pytest.raises(cocktailer.BatchInputError, match="instance 1: .*recursed deeper") as e:
+        batched(instances)
+    assert e.value.positions == [1]
 
 
 def test_runs_of_data_ops_are_native_blocks():

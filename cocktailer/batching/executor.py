@@ -26,7 +26,7 @@ import torch
 
 from cocktailer.backend.batched import build_blocks
 from cocktailer.batching.blocks import Block, batched_program, lane_varying, run_block, segments
-from cocktailer.batching.inspector import ReadChildren, inspect
+from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect
 from cocktailer.batching.lanes import CALLS, HIDDEN, RULES, SIZES, Lanes, apply, matmul_per_lane, rows, take
 from cocktailer.batching.ragged import ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
@@ -47,6 +47,7 @@ class Techniques:
     gather_fusion: bool = True     # lanes read operands through index arrays (else each lane's rows are copied)
     parameter_reuse: bool = True   # a product with a shared weight is one GEMM (else one product per lane)
     native_blocks: bool = True     # runs of data ops as one native call each (else one torch op per op)
+    native_inspector: bool = True  # call trees found by the control slice compiled to C (else run as torch ops)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class Schedule:
     branches: int = 0          # branches whose lanes split between the arms
     loop_steps: int = 0        # loop iterations run (each for all the lanes still in the loop)
     inspect_s: float = 0.0     # seconds the inspectors took (finding call trees and their heights)
+    inspectors: dict = field(default_factory=dict)   # function -> "native", or why its inspector runs torch ops
 
 
 class BatchedExecutor:
@@ -69,6 +71,7 @@ class BatchedExecutor:
         self.take = take if techniques.gather_fusion else _take_copied
         self.rules = RULES if techniques.parameter_reuse else {**RULES, Op.MATMUL: matmul_per_lane}
         self._plans: dict[str, LevelPlan | str | None] = {}
+        self._inspectors: dict[str, NativeInspector | str] = {}   # function -> its native inspector, or why none
         self._outside: dict[int, list[int]] = {}   # id(region) -> the ids of the values it reads from outside
         self.sizes: dict = {}   # the sizes every lane of this call shares
         self.schedule = Schedule()
@@ -342,7 +345,11 @@ class BatchedExecutor:
 
     def _run_levels(self, plan: LevelPlan, args: list, count: int, hidden: dict) -> list:
         start = time.perf_counter()
-        tree = inspect(self, plan, args, count, hidden)
+        native = self._native_inspector(plan)
+        if isinstance(native, NativeInspector):
+            tree = native(args, count, hidden, self.sizes, self.ragged)
+        else:
+            tree = inspect(self, plan, args, count, hidden)
         self.schedule.inspect_s += time.perf_counter() - start
         fn = plan.function
         tables: list[torch.Tensor] | None = None
@@ -358,6 +365,23 @@ class BatchedExecutor:
             per_level.append(len(ids))
         self.schedule.levels.setdefault(fn.name, []).append(per_level)
         return [Lanes(table.narrow(0, 0, count)) for table in tables]   # calls 0..count-1 are the roots
+
+
+    def _native_inspector(self, plan: LevelPlan) -> NativeInspector | str:
+        name = plan.function.name
+        if name not in self._inspectors:
+            if not self.techniques.native_inspector:
+                self._inspectors[name] = "the native inspector is turned off"
+            elif find_compiler() is None:
+                self._inspectors[name] = "no C compiler"
+            else:
+                try:
+                    self._inspectors[name] = NativeInspector(plan, RECURSION_LIMIT)
+                except NotImplementedError as e:
+                    self._inspectors[name] = str(e)
+        found = self._inspectors[name]
+        self.schedule.inspectors[name] = "native" if isinstance(found, NativeInspector) else found
+        return found
 
 
 def _own_row(out: torch.Tensor, i: int) -> torch.Tensor:

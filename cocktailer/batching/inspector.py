@@ -1,17 +1,27 @@
 """The inspector (ACROBAT's ahead-of-time inspector, Cortex's linearizer) of a recursive function
 that runs level by level: every call the instances make, found breadth first by running the
-function's control slice (`recursion.LevelPlan.control`) for a whole round of calls at once; each
-call's height (leaves 0), which orders the levels; and, while the levels run, a self-call read
-from the results table of the level below instead of made.
+function's control slice (`recursion.LevelPlan.control`); each call's height (leaves 0), which
+orders the levels; and, while the levels run, a self-call read from the results table of the
+level below instead of made.
+
+Two inspectors find the same call tree:
+- `NativeInspector`: the slice compiled to C (`codegen.inspector`), one pass over a queue of
+  every instance's calls; for slices of scalar ops over the instance's tables (tree walks);
+- `inspect`: the slice run by the batched executor, a whole round of calls at a time as torch
+  ops; for any slice (a decision computed from a tensor, as DRNN's).
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
 
-from cocktailer.batching.lanes import CALLS, LANE, Lanes, rows, take
+from cocktailer.backend.batched import build_inspector
+from cocktailer.batching.lanes import CALLS, LANE, SIZES, Lanes, rows, take
 from cocktailer.batching.recursion import LevelPlan
+from cocktailer.codegen.inspector import INSPECT_DEEP, INSPECT_FULL, INSPECT_INDEX
+from cocktailer.errors import CompiledCallError
 from cocktailer.ir import Operation
 
 
@@ -91,6 +101,49 @@ def inspect(executor, plan: LevelPlan, args: list, count: int, hidden: dict) -> 
     for site, parents, kids in links:
         children[site][parents] = kids
     return CallTree(total, torch.cat(roots), {j: torch.cat(a) for j, a in arguments.items()}, children, height)
+
+
+class NativeInspector:
+    """The call tree of a level plan whose control slice has a native form (else the
+    constructor raises NotImplementedError, saying why)."""
+
+    def __init__(self, plan: LevelPlan, max_depth: int):
+        self.plan, self.max_depth = plan, max_depth
+        self.rendered, self.entry = build_inspector(plan.function, plan.sites, plan.passthrough, plan.control,
+                                                    plan.if_results)
+        self.capacity = 1024   # calls; grows (and is kept) when a batch has more
+
+    def __call__(self, args: list, count: int, hidden: dict, sizes: dict, ragged: list) -> CallTree:
+        r = self.rendered
+        tables = [rows(args[j], count) for j in r.tables]   # views where the lanes' rows are (padded) rows
+        pointers = (ctypes.c_void_p * max(len(tables), 1))(*[t.data_ptr() for t in tables])
+        strides = torch.tensor([s for t in tables for s in t.stride()] or [0], dtype=torch.int64)
+        per_lane = hidden[SIZES].rows() if SIZES in hidden else None
+        syms = torch.stack([per_lane[:, ragged.index(sym)] if sym in ragged else torch.full((count,), sizes[sym])
+                            for sym in r.syms], 1).contiguous() if r.syms else torch.zeros(count, 1, dtype=torch.int64)
+        width = max(len(r.varying), 1)
+        args0 = (torch.stack([rows(args[j], count).to(torch.int64) for j in r.varying], 1).contiguous()
+                 if r.varying else torch.zeros(count, 1, dtype=torch.int64))
+        while True:
+            cap = max(self.capacity, count)
+            root, depth, height = (torch.empty(cap, dtype=torch.int64) for _ in range(3))
+            arguments = torch.empty(cap, width, dtype=torch.int64)
+            kids = torch.empty(cap, max(len(self.plan.sites), 1), dtype=torch.int64)
+            info = torch.zeros(4, dtype=torch.int64)
+            n = self.entry(count, pointers, strides.data_ptr(), syms.data_ptr(), args0.data_ptr(), cap,
+                           self.max_depth, root.data_ptr(), depth.data_ptr(), arguments.data_ptr(),
+                           kids.data_ptr(), height.data_ptr(), info.data_ptr())
+            if n != INSPECT_FULL:
+                break
+            self.capacity = cap * 4
+        if n == INSPECT_INDEX:
+            _, index, dim, size = info.tolist()
+            raise IndexError(f"index {index} is out of bounds for dimension {dim} with size {size}")
+        if n == INSPECT_DEEP:
+            raise CompiledCallError(f"the program recursed deeper than the batched executor supports ({self.max_depth})")
+        params = self.plan.function.params
+        return CallTree(n, root[:n], {j: arguments[:n, k].to(params[j].type.dtype) for k, j in enumerate(r.varying)},
+                        {s: kids[:n, s] for s in range(len(self.plan.sites))}, height[:n])
 
 
 def frame(plan: LevelPlan, args: list, roots: torch.Tensor, varying: dict, ids: torch.Tensor,

@@ -24,6 +24,7 @@ class LevelPlan:
     sites: tuple[Operation, ...]     # its self-calls, in program order
     passthrough: tuple[bool, ...]    # per parameter: every self-call hands it on unchanged (the tree's tables)
     control: frozenset[int]          # id() of the ops the inspector runs (the sites, where it notes the calls)
+    if_results: dict                 # id() of each branch of `control` -> the indices of the results it needs
 
 
 def plan_levels(program: Program, name: str) -> LevelPlan | str:
@@ -40,7 +41,8 @@ def plan_levels(program: Program, name: str) -> LevelPlan | str:
     if reason:
         return reason
     passthrough = tuple(all(site.operands[j] is p for site in sites) for j, p in enumerate(fn.params))
-    return LevelPlan(fn, sites, passthrough, frozenset(slicer.ops | {id(s) for s in sites}))
+    return LevelPlan(fn, sites, passthrough, frozenset(slicer.ops | {id(s) for s in sites}),
+                     {k: frozenset(v) for k, v in slicer.results.items()})
 
 
 def recursive(program: Program, name: str) -> bool:
