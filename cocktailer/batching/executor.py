@@ -27,7 +27,7 @@ import torch
 from cocktailer.backend.batched import build_blocks
 from cocktailer.batching.blocks import Block, batched_program, lane_varying, run_block, segments
 from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect
-from cocktailer.batching.lanes import CALLS, HIDDEN, RULES, SIZES, Lanes, apply, matmul_per_lane, rows, take
+from cocktailer.batching.lanes import CALLS, CHECKED, HIDDEN, RULES, SIZES, Lanes, apply, matmul_per_lane, rows, take
 from cocktailer.batching.ragged import ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
@@ -198,7 +198,7 @@ class BatchedExecutor:
     def _checked_indices(self, op: Operation, operands: list, env: dict) -> list:
         """A per-lane index into a ragged dim, checked against the lane's own size (padding must
         not be read) and counted from the lane's own end when negative, as eager indexes."""
-        if not self._padded:
+        if not self._padded or id(op) in env.get(CHECKED, ()):
             return operands
         checks = self._checked.get(id(op))
         if checks is None:
@@ -352,19 +352,19 @@ class BatchedExecutor:
             tree = inspect(self, plan, args, count, hidden)
         self.schedule.inspect_s += time.perf_counter() - start
         fn = plan.function
+        tree, levels, outer = tree.by_height(count)
         tables: list[torch.Tensor] | None = None
-        per_level = []
-        for ids in tree.levels():
-            env = tree.frame(plan, args, ids, hidden, self.take)
+        for start, end in levels:
+            env = tree.frame(plan, args, start, end, hidden, self.take)
             env[CALLS] = ReadChildren(plan.sites, tree.children, lambda: tables)
-            yields = self.run_region(fn.body, env, len(ids))
+            env[CHECKED] = plan.control   # the inspector checked the indices these ops read, for every call
+            yields = self.run_region(fn.body, env, end - start)
             if tables is None:
                 tables = [_table(v, t.dtype, tree.calls) for v, t in zip(yields, fn.result_types)]
             for table, v in zip(tables, yields):
-                table[ids] = rows(v, len(ids))
-            per_level.append(len(ids))
-        self.schedule.levels.setdefault(fn.name, []).append(per_level)
-        return [Lanes(table.narrow(0, 0, count)) for table in tables]   # calls 0..count-1 are the roots
+                table[start:end] = rows(v, end - start)
+        self.schedule.levels.setdefault(fn.name, []).append([end - start for start, end in levels])
+        return [Lanes(table, outer) for table in tables]
 
 
     def _native_inspector(self, plan: LevelPlan) -> NativeInspector | str:

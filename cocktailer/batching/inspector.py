@@ -32,9 +32,8 @@ class ReadChildren:
         self.sites, self.children, self.tables = sites, children, tables
 
     def __call__(self, op: Operation, env: dict, count: int) -> list:
+        # (a call the inspector did not find is -1 here, which index_select refuses)
         child = self.children[self.sites.index(op)].index_select(0, env[LANE].rows())
-        if bool((child < 0).any()):
-            raise AssertionError("a call the inspector did not find ran")
         return [Lanes(t, child) for t in self.tables()]
 
 
@@ -62,13 +61,27 @@ class CallTree:
     children: dict
     height: torch.Tensor
 
-    def levels(self):
+    def by_height(self, count: int) -> tuple["CallTree", list[tuple[int, int]], torch.Tensor]:
+        """The same calls numbered level by level (height 0 first), so that a level is a range
+        of ids and its roots, arguments and results are slices, not gathers; the levels' ranges;
+        and where the `count` outer lanes' calls (ids 0..count-1 here) went."""
         order = torch.argsort(self.height, stable=True)
-        return order.split(torch.bincount(self.height).tolist())
+        position = torch.empty_like(order)
+        position[order] = torch.arange(self.calls)
 
-    def frame(self, plan: LevelPlan, args: list, ids: torch.Tensor, hidden: dict, take_lanes) -> dict:
-        return frame(plan, args, self.root.index_select(0, ids),
-                      {j: a.index_select(0, ids) for j, a in self.arguments.items()}, ids, hidden, take_lanes)
+        def moved(ids: torch.Tensor) -> torch.Tensor:   # (-1: not reached, stays)
+            return torch.where(ids < 0, ids, position.index_select(0, ids.clamp(min=0)))
+        tree = CallTree(self.calls, self.root.index_select(0, order),
+                        {j: a.index_select(0, order) for j, a in self.arguments.items()},
+                        {s: moved(c.index_select(0, order)) for s, c in self.children.items()},
+                        self.height.index_select(0, order))
+        ends = torch.cumsum(torch.bincount(self.height), 0).tolist()
+        return tree, list(zip([0, *ends[:-1]], ends)), position[:count]
+
+    def frame(self, plan: LevelPlan, args: list, start: int, end: int, hidden: dict, take_lanes) -> dict:
+        """The env of the calls start..end-1 (one level, once numbered `by_height`)."""
+        return frame(plan, args, self.root[start:end], {j: a[start:end] for j, a in self.arguments.items()},
+                     torch.arange(start, end), hidden, take_lanes)
 
 
 def inspect(executor, plan: LevelPlan, args: list, count: int, hidden: dict) -> CallTree:

@@ -22,9 +22,10 @@ from cocktailer.ir import ELEMENTWISE, SEMANTICS, Op, Operation
 
 # An executor's env maps value ids to values, and these keys to what a region needs beside them:
 # the call ids of the lanes (level mode); the self-call handler; each lane's sizes that differ
-# between instances (one column per ragged size).
-LANE, CALLS, SIZES = "lane", "calls", "sizes"
-HIDDEN = (LANE, CALLS, SIZES)
+# between instances (one column per ragged size); the ops whose per-lane indices an inspector
+# already checked against those sizes (level mode).
+LANE, CALLS, SIZES, CHECKED = "lane", "calls", "sizes", "checked"
+HIDDEN = (LANE, CALLS, SIZES, CHECKED)
 
 
 class Lanes:
