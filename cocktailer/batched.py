@@ -20,7 +20,7 @@ import torch
 from cocktailer import pytree
 from cocktailer.api import CompiledFunction, GradFallbackWarning, _as_tuple
 from cocktailer.batching import BatchedExecutor, Techniques
-from cocktailer.errors import CocktailerError, CompiledCallError, UnsupportedError
+from cocktailer.errors import CocktailerError, CompiledCallError, InternalError, UnsupportedError
 from cocktailer.ir import Program
 from cocktailer.reference import ReferenceExecutor
 
@@ -69,11 +69,11 @@ class BatchedFunction:
                           "after another", GradFallbackWarning, stacklevel=2)
             return [self.fn(*args, **kwargs) for args, kwargs in instances]
         groups: dict[tuple, list[int]] = {}
-        prepared = []
+        prepared = self._prepared(instances)
         for i, (args, kwargs) in enumerate(instances):
-            leaves, trees, (program, run) = self._prepare(i, args, kwargs)
+            leaves, trees, (program, run) = prepared[i]
             tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-            prepared.append((program, run, leaves, trees, tensors))
+            prepared[i] = (program, run, leaves, trees, tensors)
             key = (id(program), self._executor(program).group_key(tensors))
             groups.setdefault(key, []).append(i)
         results: list = [None] * len(instances)
@@ -92,11 +92,22 @@ class BatchedFunction:
             raise BatchInputError([position], [mismatch])
         return bound
 
-    def _prepare(self, position: int, args: tuple, kwargs: dict):
-        try:
-            return self.single._prepare(args, kwargs)
-        except CocktailerError as e:
-            raise BatchInputError([position], [str(e)]) from e
+    def _prepared(self, instances: list) -> list:
+        """Each instance's (leaves, trees, (program, run)). An instance of sizes not seen before
+        is captured, running the model on it: where that fails (an index out of its range, say),
+        every such instance is named."""
+        prepared, bad, reasons = [], [], []
+        for i, (args, kwargs) in enumerate(instances):
+            try:
+                prepared.append(self.single._prepare(args, kwargs))
+            except InternalError:
+                raise
+            except Exception as e:   # CocktailerError, or the model's own exception while it was captured
+                bad.append(i)
+                reasons.append(f"{type(e).__name__}: {e}")
+        if bad:
+            raise BatchInputError(bad, reasons)
+        return prepared
 
     def _executor(self, program: Program) -> BatchedExecutor:
         executor = self._executors.get(id(program))

@@ -84,6 +84,11 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
             lines.append(f"  @{name}: inspector " + ("compiled to C (one pass over every instance's calls)" if how == "native"
                                                      else f"run as torch ops, a round of calls at a time: {how}"))
         lines.append(f"  inspectors: {schedule.inspect_s * 1e3:.3f} ms")
+        for name, (native, by_ops) in schedule.level_groups.items():
+            lines.append(f"  @{name}: {native} groups of calls (one height, one set of arms) ran as one native call "
+                         f"each (level programs), {by_ops} op by op")
+        lines += [f"    no level program for @{name} with arms {path:#b}: {why}"
+                  for (name, path), why in executor._levels.items() if isinstance(why, str)]
         for name, runs in schedule.levels.items():
             for per_level in runs:
                 lines.append(f"  @{name}: {len(per_level)} levels, calls per level (height 0 first): "

@@ -335,7 +335,8 @@ def test_a_tree_index_out_of_range_is_named_and_nothing_is_returned():
     assert e.value.positions == [3]
 
 
-@pytest.mark.parametrize("off", ["levels", "gather_fusion", "parameter_reuse", "native_blocks", "native_inspector"])
+@pytest.mark.parametrize("off", ["levels", "gather_fusion", "parameter_reuse", "native_blocks", "native_inspector",
+                                 "level_programs"])
 def test_each_technique_turned_off_gives_the_same_answers(off):
     """The ablation's configurations compute what the default does (only slower)."""
     techniques = Techniques(**{off: False})
@@ -383,7 +384,7 @@ def test_the_native_inspector_finds_the_torch_inspectors_call_tree(name):
     native, torch_ops = _call_tree(batched, instances, True), _call_tree(batched, instances, False)
     assert native.calls == torch_ops.calls == sum(2 * t.num_leaves - 1 for t in trees)
     assert _calls(native) == _calls(torch_ops)
-    assert native.by_height(len(trees))[1] == torch_ops.by_height(len(trees))[1]   # the levels' ranges
+    assert torch.equal(torch.bincount(native.height), torch.bincount(torch_ops.height))   # calls per level
 
 
 def test_a_tree_with_a_cycle_is_named_instead_of_running_forever():
@@ -399,6 +400,74 @@ def test_a_tree_with_a_cycle_is_named_instead_of_running_forever():
     with pytest.raises(cocktailer.BatchInputError, match="instance 1: .*recursed deeper") as e:
         batched(instances)
     assert e.value.positions == [1]
+
+
+@pytest.mark.parametrize("name", ["rae", "treelstm", "treefc"])
+def test_each_level_of_a_tree_recursion_is_one_native_call(name):
+    """Leaves and internal nodes take different arms: two level programs, one call per level."""
+    w = models.make(name, batch=1, size="small", seed=0)
+    trees = [chain_tree(12), random_tree(1, 0), perfect_tree(3)] + [random_tree(n, n) for n in (2, 7, 19, 30)]
+    batched = assert_batch_matches(w.model.eval(), _tree_instances(8, trees))
+    ((fn, per_level),) = batched.schedule.levels.items()
+    assert batched.schedule.level_groups[fn] == [len(per_level[0]), 0]
+    (executor,) = batched._executors.values()
+    assert sorted(type(v).__name__ for v in executor._levels.values()) == ["LevelProgram"] * 2
+
+
+class OffsetLeaves(nn.Module):
+    """Leaves read the vector of another node: `shift` past their own, counted from the end
+    when negative; read outside the control slice, so the level programs check it."""
+
+    def __init__(self, shift: int):
+        super().__init__()
+        self.shift = shift
+
+    def forward(self, left, right, is_leaf, inp, root):
+        if is_leaf[root]:
+            return inp[root + self.shift] * 2
+        return torch.tanh(self.forward(left, right, is_leaf, inp, left[root])
+                          + self.forward(left, right, is_leaf, inp, right[root]))
+
+
+def _tree(left: list[int], right: list[int], root: int, seed: int) -> tuple:
+    """A tree's tables at its own node count (no padding), a random vector per node."""
+    g = torch.Generator().manual_seed(seed)
+    left, right = torch.tensor(left), torch.tensor(right)
+    return left, right, left < 0, torch.randn(len(left), 8, generator=g), torch.tensor(root)
+
+
+TWO_LEAVES = ([1, -1, -1], [2, -1, -1], 0)                  # its last node is a leaf
+THREE_LEAVES = ([-1, -1, -1, 0, 3], [-1, -1, -1, 1, 2], 4)   # its last node is the root
+ONE_LEAF = ([-1], [-1], 0)
+
+
+def test_level_programs_count_negative_indices_from_each_instances_own_end():
+    """inp[node - 2] of node 0 is the tree's own second to last row, not the padded table's
+    (which repeats the last row: a wrong count would read it)."""
+    instances = [_tree(*THREE_LEAVES, 0), _tree(*TWO_LEAVES, 1), _tree(*THREE_LEAVES, 2)]
+    batched = assert_batch_matches(OffsetLeaves(-2).eval(), instances)
+    assert batched.schedule.level_groups["forward"][1] == 0
+
+
+def test_level_programs_name_the_instances_that_index_past_their_own_rows():
+    """inp[node + 1] of a tree's last node is outside it, inside the padded table."""
+    instances = [_tree(*THREE_LEAVES, 0), _tree(*TWO_LEAVES, 1), _tree(*THREE_LEAVES, 2), _tree(*TWO_LEAVES, 3)]
+    batched = assert_batch_matches(OffsetLeaves(1).eval(), [instances[0], instances[2]])
+    with pytest.raises(cocktailer.BatchInputError, match="instance 1: IndexError") as e:
+        with torch.no_grad():
+            batched(instances)
+    assert e.value.positions == [1, 3]
+
+
+def test_instances_that_fail_while_captured_are_all_named():
+    """A one-node tree has sizes of its own (1 is never symbolic): it is captured, and the model
+    fails on it while it runs there, before any batch runs."""
+    instances = [_tree(*THREE_LEAVES, 0), _tree(*ONE_LEAF, 1), _tree(*THREE_LEAVES, 2), _tree(*ONE_LEAF, 3)]
+    batched = assert_batch_matches(OffsetLeaves(1).eval(), [instances[0], instances[2]])
+    with pytest.raises(cocktailer.BatchInputError, match="instance 1: IndexError") as e:
+        with torch.no_grad():
+            batched(instances)
+    assert e.value.positions == [1, 3]
 
 
 def test_runs_of_data_ops_are_native_blocks():

@@ -27,6 +27,7 @@ import torch
 from cocktailer.backend.batched import build_blocks
 from cocktailer.batching.blocks import Block, batched_program, lane_varying, run_block, segments
 from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect
+from cocktailer.batching.levels import LevelProgram, inputs, level_program
 from cocktailer.batching.lanes import CALLS, CHECKED, HIDDEN, RULES, SIZES, Lanes, apply, matmul_per_lane, rows, take
 from cocktailer.batching.ragged import ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
@@ -48,6 +49,7 @@ class Techniques:
     parameter_reuse: bool = True   # a product with a shared weight is one GEMM (else one product per lane)
     native_blocks: bool = True     # runs of data ops as one native call each (else one torch op per op)
     native_inspector: bool = True  # call trees found by the control slice compiled to C (else run as torch ops)
+    level_programs: bool = True    # a level's calls that take the same arms as one native call (else op by op)
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Schedule:
     loop_steps: int = 0        # loop iterations run (each for all the lanes still in the loop)
     inspect_s: float = 0.0     # seconds the inspectors took (finding call trees and their heights)
     inspectors: dict = field(default_factory=dict)   # function -> "native", or why its inspector runs torch ops
+    level_groups: dict = field(default_factory=dict)  # function -> [groups run as level programs, groups run op by op]
 
 
 class BatchedExecutor:
@@ -72,6 +75,7 @@ class BatchedExecutor:
         self.rules = RULES if techniques.parameter_reuse else {**RULES, Op.MATMUL: matmul_per_lane}
         self._plans: dict[str, LevelPlan | str | None] = {}
         self._inspectors: dict[str, NativeInspector | str] = {}   # function -> its native inspector, or why none
+        self._levels: dict[tuple, LevelProgram | str] = {}   # (function, path) -> its level program, or why none
         self._outside: dict[int, list[int]] = {}   # id(region) -> the ids of the values it reads from outside
         self.sizes: dict = {}   # the sizes every lane of this call shares
         self.schedule = Schedule()
@@ -344,17 +348,31 @@ class BatchedExecutor:
     # ----------------------------------------------------------------------- recursion by levels
 
     def _run_levels(self, plan: LevelPlan, args: list, count: int, hidden: dict) -> list:
+        native = self._native_inspector(plan)   # (built on first use: not timed as inspection)
         start = time.perf_counter()
-        native = self._native_inspector(plan)
         if isinstance(native, NativeInspector):
             tree = native(args, count, hidden, self.sizes, self.ragged)
         else:
             tree = inspect(self, plan, args, count, hidden)
         self.schedule.inspect_s += time.perf_counter() - start
         fn = plan.function
-        tree, levels, outer = tree.by_height(count)
+        tree, groups, outer = tree.by_height(count)
         tables: list[torch.Tensor] | None = None
-        for start, end in levels:
+        stacked = [rows(a, count) if through else None for a, through in zip(args, plan.passthrough)]
+        sizes = hidden[SIZES].rows() if SIZES in hidden else None
+        counts = self.schedule.level_groups.setdefault(fn.name, [0, 0])
+        for start, end, path in groups:
+            level = self._level_program(plan, path, native) if path is not None else None
+            counts[not isinstance(level, LevelProgram)] += 1
+            if isinstance(level, LevelProgram):
+                if tables is None:
+                    tables = [torch.empty((tree.calls, *t.shape), dtype=t.dtype) for t in fn.result_types]
+                outs = level.compiled(inputs(level, stacked, tree, start, end, tables, sizes))
+                if level.checks and bool(outs[-1]):
+                    raise IndexError("an index is out of range for its instance's own size")
+                for table, out in zip(tables, outs):
+                    table[start:end] = out
+                continue
             env = tree.frame(plan, args, start, end, hidden, self.take)
             env[CALLS] = ReadChildren(plan.sites, tree.children, lambda: tables)
             env[CHECKED] = plan.control   # the inspector checked the indices these ops read, for every call
@@ -363,9 +381,24 @@ class BatchedExecutor:
                 tables = [_table(v, t.dtype, tree.calls) for v, t in zip(yields, fn.result_types)]
             for table, v in zip(tables, yields):
                 table[start:end] = rows(v, end - start)
-        self.schedule.levels.setdefault(fn.name, []).append([end - start for start, end in levels])
+        self.schedule.levels.setdefault(fn.name, []).append(torch.bincount(tree.height).tolist())
         return [Lanes(table, outer) for table in tables]
 
+
+    def _level_program(self, plan: LevelPlan, path: int, inspector: NativeInspector) -> LevelProgram | str:
+        key = (plan.function.name, path)
+        if key not in self._levels:
+            if not self.techniques.level_programs:
+                self._levels[key] = "level programs are turned off"
+            else:
+                try:
+                    level = level_program(plan, self.program, path, inspector.rendered.branches, self.ragged)
+                except NotImplementedError as e:
+                    self._levels[key] = str(e)
+                else:
+                    (level.compiled,), notes = build_blocks([level.program])
+                    self._levels[key] = level if level.compiled is not None else notes[0]
+        return self._levels[key]
 
     def _native_inspector(self, plan: LevelPlan) -> NativeInspector | str:
         name = plan.function.name

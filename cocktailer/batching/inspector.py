@@ -60,12 +60,17 @@ class CallTree:
     arguments: dict
     children: dict
     height: torch.Tensor
+    path: torch.Tensor | None = None   # the arms each call takes (the native inspector's bits), if known
 
-    def by_height(self, count: int) -> tuple["CallTree", list[tuple[int, int]], torch.Tensor]:
-        """The same calls numbered level by level (height 0 first), so that a level is a range
-        of ids and its roots, arguments and results are slices, not gathers; the levels' ranges;
-        and where the `count` outer lanes' calls (ids 0..count-1 here) went."""
-        order = torch.argsort(self.height, stable=True)
+    def by_height(self, count: int) -> tuple["CallTree", list[tuple[int, int, int | None]], torch.Tensor]:
+        """The same calls numbered level by level (height 0 first; within a level by the arms
+        they take, where known), so that a group of calls is a range of ids and its roots,
+        arguments and results are slices, not gathers; the groups as (start, end, path); and
+        where the `count` outer lanes' calls (ids 0..count-1 here) went."""
+        order = torch.arange(self.calls)
+        if self.path is not None:
+            order = torch.argsort(self.path, stable=True)
+        order = order.index_select(0, torch.argsort(self.height.index_select(0, order), stable=True))
         position = torch.empty_like(order)
         position[order] = torch.arange(self.calls)
 
@@ -74,9 +79,13 @@ class CallTree:
         tree = CallTree(self.calls, self.root.index_select(0, order),
                         {j: a.index_select(0, order) for j, a in self.arguments.items()},
                         {s: moved(c.index_select(0, order)) for s, c in self.children.items()},
-                        self.height.index_select(0, order))
-        ends = torch.cumsum(torch.bincount(self.height), 0).tolist()
-        return tree, list(zip([0, *ends[:-1]], ends)), position[:count]
+                        self.height.index_select(0, order),
+                        None if self.path is None else self.path.index_select(0, order))
+        key = torch.stack([tree.height, tree.path if tree.path is not None else tree.height])
+        ends = (torch.nonzero((key[:, 1:] != key[:, :-1]).any(0)).flatten() + 1).tolist() + [self.calls]
+        starts = [0, *ends[:-1]]
+        paths = [None] * len(starts) if tree.path is None else tree.path[starts].tolist()
+        return tree, list(zip(starts, ends, paths)), position[:count]
 
     def frame(self, plan: LevelPlan, args: list, start: int, end: int, hidden: dict, take_lanes) -> dict:
         """The env of the calls start..end-1 (one level, once numbered `by_height`)."""
@@ -142,10 +151,11 @@ class NativeInspector:
             root, depth, height = (torch.empty(cap, dtype=torch.int64) for _ in range(3))
             arguments = torch.empty(cap, width, dtype=torch.int64)
             kids = torch.empty(cap, max(len(self.plan.sites), 1), dtype=torch.int64)
+            path = torch.empty(cap, dtype=torch.int64)
             info = torch.zeros(4, dtype=torch.int64)
             n = self.entry(count, pointers, strides.data_ptr(), syms.data_ptr(), args0.data_ptr(), cap,
                            self.max_depth, root.data_ptr(), depth.data_ptr(), arguments.data_ptr(),
-                           kids.data_ptr(), height.data_ptr(), info.data_ptr())
+                           kids.data_ptr(), height.data_ptr(), path.data_ptr(), info.data_ptr())
             if n != INSPECT_FULL:
                 break
             self.capacity = cap * 4
@@ -156,7 +166,7 @@ class NativeInspector:
             raise CompiledCallError(f"the program recursed deeper than the batched executor supports ({self.max_depth})")
         params = self.plan.function.params
         return CallTree(n, root[:n], {j: arguments[:n, k].to(params[j].type.dtype) for k, j in enumerate(r.varying)},
-                        {s: kids[:n, s] for s in range(len(self.plan.sites))}, height[:n])
+                        {s: kids[:n, s] for s in range(len(self.plan.sites))}, height[:n], path[:n])
 
 
 def frame(plan: LevelPlan, args: list, roots: torch.Tensor, varying: dict, ids: torch.Tensor,

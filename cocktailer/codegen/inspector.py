@@ -19,13 +19,14 @@ reason; the executor then keeps the torch inspector.
     int64_t ck_inspect(int64_t roots, void* const* tables, const int64_t* strides,
                        const int64_t* sizes, const int64_t* args0, int64_t cap, int64_t max_depth,
                        int64_t* root, int64_t* depth, int64_t* args, int64_t* kids,
-                       int64_t* height, int64_t* info)
+                       int64_t* height, int64_t* path, int64_t* info)
 
 `tables[k]`: the k-th table parameter's data (one instance's block every strides[at_k] elements,
 then its own strides); `sizes[r * S + j]`: instance r's value of size `syms[j]`; `args0`: the
 root calls' varying arguments. Out: per call its instance `root`, `depth`, varying `args`
-(`[cap][V]`, as int64), the calls of its sites `kids` (`[cap][sites]`, -1 where not reached)
-and `height`. Returns the number of calls, or INSPECT_FULL (more than `cap` calls: call again
+(`[cap][V]`, as int64), the calls of its sites `kids` (`[cap][sites]`, -1 where not reached),
+`height`, and `path`: bit b set where the call took the first arm of the slice's branch b
+(`branches[b]`), so that calls of one height and one path run the same ops. Returns the number of calls, or INSPECT_FULL (more than `cap` calls: call again
 with room for more), INSPECT_INDEX (an index out of range: info = call, index, dim, size) or
 INSPECT_DEEP (deeper than max_depth: info[0] = call).
 """
@@ -55,6 +56,7 @@ class InspectorSource:
     varying: tuple[int, ...]   # the parameters each call has its own value of, in `args` order
     syms: tuple[Sym, ...]      # the sizes `sizes[]` holds per instance, in order
     strides_at: tuple[int, ...]   # per table: where its strides start in `strides[]`
+    branches: tuple[int, ...]  # id() of the slice's branches, bit b of `path` for branches[b]
 
 
 def render_inspector(fn: Function, sites: tuple[Operation, ...], passthrough: tuple[bool, ...],
@@ -71,7 +73,7 @@ class _Renderer:
         self.syms: list[Sym] = []
         self.varying = tuple(j for j, p in enumerate(fn.params) if not passthrough[j])
         self.names: dict[int, str] = {}   # value id -> the C expression of its (0-d) value
-        self.checks = 0
+        self.branches: list[int] = []
         for j in self.varying:
             p = fn.params[j]
             if p.type.rank != 0 or p.type.dtype not in _INTEGRAL:
@@ -93,7 +95,8 @@ class _Renderer:
             init_args="\n".join(f"args[i * {max(len(self.varying), 1)} + {k}] = args0[i * {max(len(self.varying), 1)} + {k}];"
                                 for k in range(len(self.varying))),
             FULL=INSPECT_FULL, INDEX=INSPECT_INDEX, DEEP=INSPECT_DEEP)
-        return InspectorSource(source, tuple(self.tables), self.varying, tuple(self.syms), tuple(strides_at))
+        return InspectorSource(source, tuple(self.tables), self.varying, tuple(self.syms), tuple(strides_at),
+                               tuple(self.branches))
 
     # ------------------------------------------------------------------ values
 
@@ -195,9 +198,13 @@ class _Renderer:
             if op.results[k].type.rank != 0:
                 raise NotImplementedError("a branch of the slice yields a tensor the slice needs")
         decls = [f"{ctype(op.results[k].type.dtype)} v{op.results[k].id};" for k in needed]
+        if len(self.branches) == 63:
+            raise NotImplementedError("the slice has more than 63 branches")
+        self.branches.append(id(op))
+        taken = f"path[c] |= INT64_C(1) << {len(self.branches) - 1};"
         arms = []
-        for arm in op.regions:
-            body = self.region(arm)
+        for arm, note in zip(op.regions, (taken, "")):
+            body = "\n".join([note, self.region(arm)])
             moves = [f"v{op.results[k].id} = {self.value(arm.yields[k])};" for k in needed]
             arms.append("{\n" + "\n".join([body, *moves]) + "\n}")
         for k in needed:
@@ -231,7 +238,7 @@ _TEMPLATE = r"""
 
 int64_t ck_inspect(int64_t roots, void* const* tables, const int64_t* strides, const int64_t* sizes,
                    const int64_t* args0, int64_t cap, int64_t max_depth, int64_t* root, int64_t* depth,
-                   int64_t* args, int64_t* kids, int64_t* height, int64_t* info) {{
+                   int64_t* args, int64_t* kids, int64_t* height, int64_t* path, int64_t* info) {{
   {strides}
   if (roots > cap) return {FULL};
   for (int64_t i = 0; i < roots; ++i) {{
@@ -243,6 +250,7 @@ int64_t ck_inspect(int64_t roots, void* const* tables, const int64_t* strides, c
     const int64_t r = root[c];
     const int64_t* sz = sizes + r * {S}; (void)sz;
     for (int64_t s = 0; s < {K}; ++s) kids[c * {K} + s] = -1;
+    path[c] = 0;
     {params}
     {body}
   }}

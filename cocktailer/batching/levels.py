@@ -1,0 +1,234 @@
+"""Level programs: one level of a recursion, for all its calls, as one native program.
+
+Once the inspector has found every call, its height and the arms of the slice's branches it
+takes (`inspector.NativeInspector`), the calls of one height that take the same arms run the same
+ops, with no branch left to split them. For such a group the function's body becomes a straight
+line over `LANES` calls (Cortex's level-by-level execution of a linearized tree, with the leaf
+case its own program, §3.1), compiled once by the native stages:
+
+- a parameter every self-call hands on (a tree's tables) is read through an index, never copied
+  per call: `table[node]` of call c reads row `root[c] * rows + node[c]` of the instances' tables
+  stacked and flattened (ACROBAT's gather fusion, in the kernel);
+- a self-call reads its callee's results from the tables of the levels below, at the callee's id;
+- branches the inspector decided are replaced by the arm the group takes;
+- a product with a weight is one GEMM over the group (parameter reuse).
+
+Indices into a dim whose size differs between instances count from the call's own instance's
+end when negative; one the inspector did not already check sets the program's last output when
+it is outside that instance's size, and the executor then raises, as eager would.
+
+The executor calls the program once per group, where it drove one torch op per op before.
+Anything the straight line cannot hold (a branch the inspector does not decide, a loop, a call of
+another function, an op without a batching rule, a size read per instance) raises
+NotImplementedError; that group then runs op by op.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cocktailer.batching.blocks import LANES, _over_lanes, _rule
+from cocktailer.batching.recursion import LevelPlan
+from cocktailer.ir import CONTROL, CREATION, Function, Op, Operation, Program, Region, Sym, TensorType, Value
+from cocktailer.ir.analysis import sizes_of
+from cocktailer.passes.dce import dce
+
+CALLS_SYM = Sym("calls", hint=7)
+INSTANCES_SYM = Sym("instances", hint=5)
+
+
+@dataclass
+class LevelProgram:
+    program: Program
+    inputs: list[tuple]   # what each parameter takes: ("table", j), ("rows", j), ("root",), ("arg", j),
+    #                       ("kids", s), ("results", k) or ("sizes", column); see `inputs`
+    checks: bool          # whether the last output says an index was outside its instance's size
+    compiled: object = None
+
+
+def level_program(plan: LevelPlan, program: Program, path: int, branches: tuple[int, ...],
+                  ragged: list) -> LevelProgram:
+    """The program of the calls of `plan` whose slice branches took the arms `path` (bit b: the
+    first arm of branches[b])."""
+    taken = {op_id: bool(path >> b & 1) for b, op_id in enumerate(branches)}
+    return _Builder(plan, program, taken, ragged).build()
+
+
+def inputs(level: LevelProgram, args: list, tree, start: int, end: int, tables: list, per_lane_sizes) -> list:
+    """The tensors for the parameters of `level`, for the calls start..end-1 of `tree`; `args`
+    the outer call's arguments (one row per instance), `per_lane_sizes` their sizes of ragged dims."""
+    out = []
+    for kind, *which in level.inputs:
+        if kind == "table":
+            t = args[which[0]].contiguous()
+            out.append(t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]))
+        elif kind == "rows":
+            out.append(torch.tensor(args[which[0]].shape[1]))
+        elif kind == "root":
+            out.append(tree.root[start:end])
+        elif kind == "arg":
+            out.append(tree.arguments[which[0]][start:end])
+        elif kind == "kids":
+            out.append(tree.children[which[0]][start:end])
+        elif kind == "results":
+            out.append(tables[which[0]])
+        else:   # "sizes"
+            out.append(per_lane_sizes[:, which[0]].contiguous())
+    return out
+
+
+class _Builder:
+    def __init__(self, plan: LevelPlan, program: Program, taken: dict, ragged: list):
+        self.plan, self.program, self.taken, self.ragged = plan, program, taken, ragged
+        self.fn: Function = plan.function
+        self.param_index = {p.id: j for j, p in enumerate(self.fn.params)}
+        self.rename: dict[int, Value] = {}
+        self.lane: set[int] = set()   # ids of new values with a lane dim in front
+        self.params: list[Value] = []
+        self.kinds: list[tuple] = []
+        self.ops: list[Operation] = []
+        self.bad: Value | None = None   # any index outside its instance's size so far
+
+    def build(self) -> LevelProgram:
+        for ty in self.fn.result_types:
+            if ty.syms:
+                raise NotImplementedError("a result's size is known only per call")
+        self.region(self.fn.body)
+        yields = [self.lanes(self.value(y)) for y in self.fn.body.yields]
+        if self.bad is not None:
+            yields.append(self.bad)
+        main = Function("main", Region(self.params, self.ops, yields))
+        program = dce(Program({"main": main}, "main", self.program.constants, self.program.device,
+                              sizes=sizes_of(self.params)))
+        return LevelProgram(program, self.kinds, self.bad is not None)
+
+    # ------------------------------------------------------------------ values
+
+    def input(self, kind: tuple, ty: TensorType, lane: bool = False) -> Value:
+        if kind in self.kinds:
+            return self.params[self.kinds.index(kind)]
+        v = Value(ty, kind[0])
+        self.params.append(v)
+        self.kinds.append(kind)
+        if lane:
+            self.lane.add(v.id)
+        return v
+
+    def value(self, v: Value) -> Value:
+        if v.id in self.rename:
+            return self.rename[v.id]
+        j = self.param_index.get(v.id)
+        if j is None:
+            raise NotImplementedError("the body reads a value from outside the function")
+        if self.plan.passthrough[j]:
+            raise NotImplementedError(f"parameter {j}, the same in every call, is used other than indexed")
+        return self.input(("arg", j), _over_lanes(v.type), lane=True)
+
+    def emit(self, kind: Op, operands: list[Value], ty: TensorType, lane: bool, **attrs) -> Value:
+        out = Value(ty)
+        self.ops.append(Operation(kind, operands, [out], attrs))
+        if lane:
+            self.lane.add(out.id)
+        return out
+
+    def lanes(self, v: Value) -> Value:
+        """`v` with a lane dim: a value the same for every call repeated per call."""
+        if v.id in self.lane:
+            return v
+        return self.emit(Op.EXPAND, [v], _over_lanes(v.type), True, shape=(LANES, *v.type.shape))
+
+    # ------------------------------------------------------------------ ops
+
+    def region(self, region: Region):
+        for op in region.ops:
+            self.op(op)
+
+    def op(self, op: Operation):
+        kind = op.op
+        if kind is Op.IF:
+            return self.branch(op)
+        if kind is Op.CALL:
+            return self.call(op)
+        if kind in CONTROL:
+            raise NotImplementedError(f"the body holds a {kind.name.lower()}")
+        if kind is Op.SELECT and self.param_index.get(op.operands[0].id) is not None:
+            return self.read_table(op)
+        if kind is Op.DIM:
+            raise NotImplementedError("the body reads a size")
+        operands = [self.value(v) for v in op.operands]
+        flags = [v.id in self.lane for v in operands]
+        if any(flags):
+            attrs = _rule(op, flags)
+            if attrs is None:
+                raise NotImplementedError(f"{kind.name} has no batching rule for these operands")
+            results = [Value(_over_lanes(r.type)) for r in op.results]
+        else:
+            if (kind in CREATION or kind is Op.CONST) and any(r.type.syms for r in op.results):
+                raise NotImplementedError(f"{kind.name} makes a tensor of a size known per call")
+            attrs, results = dict(op.attrs), [Value(r.type) for r in op.results]
+        self.ops.append(Operation(kind, operands, results, attrs, [], op.loc))
+        for r, new in zip(op.results, results):
+            self.rename[r.id] = new
+            if any(flags):
+                self.lane.add(new.id)
+
+    def branch(self, op: Operation):
+        if id(op) not in self.taken:
+            raise NotImplementedError("a branch the inspector does not decide")
+        arm = op.regions[0] if self.taken[id(op)] else op.regions[1]
+        self.region(arm)
+        for r, y in zip(op.results, arm.yields):
+            self.rename[r.id] = self.value(y)
+
+    def call(self, op: Operation):
+        if op not in self.plan.sites:
+            raise NotImplementedError("the body calls another function")
+        kids = self.input(("kids", self.plan.sites.index(op)), TensorType((LANES,), torch.int64), lane=True)
+        for k, r in enumerate(op.results):
+            table = self.input(("results", k), TensorType((CALLS_SYM, *r.type.shape), r.type.dtype))
+            self.rename[r.id] = self.emit(Op.GATHER, [table, kids], _over_lanes(r.type), True, dim=0)
+
+    def read_table(self, op: Operation):
+        """`table[i]` of a table every call hands on: row root * rows + i of the stacked tables."""
+        table = op.operands[0]
+        j = self.param_index[table.id]
+        key = op.attrs["key"]
+        if not self.plan.passthrough[j] or len(key) != 1 or key[0][0] not in ("dyn", "int"):
+            raise NotImplementedError("the body indexes a parameter other than one row of a table")
+        i64 = TensorType((), torch.int64)
+        index = (self.value(op.operands[1]) if key[0][0] == "dyn"
+                 else self.emit(Op.SCALAR, [], i64, False, value=int(key[0][1]), dtype=torch.int64))
+        if index.type.dtype is not torch.int64:
+            index = self.emit(Op.CAST, [index], TensorType(index.type.shape, torch.int64), index.id in self.lane,
+                              dtype=torch.int64)
+        root = self.input(("root",), TensorType((LANES,), torch.int64), lane=True)
+        rows = self.input(("rows", j), i64)
+        size = rows
+        if table.type.shape[0] in self.ragged:
+            column = self.ragged.index(table.type.shape[0])
+            sizes = self.input(("sizes", column), TensorType((INSTANCES_SYM,), torch.int64))
+            size = self.emit(Op.GATHER, [sizes, root], TensorType((LANES,), torch.int64), True, dim=0)
+        index = self.own_index(index, size, check=id(op) not in self.plan.control)
+        lanes = TensorType((LANES,), torch.int64)
+        flat = self.emit(Op.ADD, [self.emit(Op.MUL, [root, rows], lanes, True), index], lanes, True)
+        stacked = self.input(("table", j), TensorType((Sym(f"table{j}", hint=11), *table.type.shape[1:]),
+                                                      table.type.dtype))
+        self.rename[op.results[0].id] = self.emit(Op.GATHER, [stacked, flat], _over_lanes(op.results[0].type),
+                                                  True, dim=0)
+
+    def own_index(self, index: Value, size: Value, check: bool) -> Value:
+        """The index counted from its instance's own end when negative; with `check`, noted
+        when outside that instance's size."""
+        lane = index.id in self.lane or size.id in self.lane
+        ty = TensorType((LANES,) if lane else (), torch.int64)
+        flag = TensorType(ty.shape, torch.bool)
+        zero = self.emit(Op.SCALAR, [], TensorType((), torch.int64), False, value=0, dtype=torch.int64)
+        negative = self.emit(Op.LT, [index, zero], flag, lane)
+        index = self.emit(Op.WHERE, [negative, self.emit(Op.ADD, [index, size], ty, lane), index], ty, lane)
+        if check:
+            outside = self.emit(Op.OR, [self.emit(Op.LT, [index, zero], flag, lane),
+                                        self.emit(Op.GE, [index, size], flag, lane)], flag, lane)
+            found = self.emit(Op.ANY, [outside], TensorType((), torch.bool), False, dims=None, keepdim=False)
+            self.bad = found if self.bad is None else self.emit(Op.OR, [self.bad, found], found.type, False)
+        return index
