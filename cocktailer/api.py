@@ -146,6 +146,10 @@ class CompiledFunction:
         self.options = options or {}
         self.config = Config.from_options(self.options, backend)   # checked here, once
         self.signature = inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn)
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        # calls that give every parameter by position bind as they are (binding is per call, and per instance in a batch)
+        self._all_positional = (len(self.signature.parameters)
+                                if all(p.kind in positional for p in self.signature.parameters.values()) else -1)
         self.parameters = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
         self.cache: dict[tuple, tuple[Program, Callable]] = {}
         self._guards: dict[tuple, _ConstantGuard] = {}
@@ -169,6 +173,8 @@ class CompiledFunction:
                            for kind, *rest in leaves)
 
     def _bind(self, args, kwargs) -> tuple[tuple, dict]:
+        if not kwargs and len(args) == self._all_positional:
+            return tuple(args), {}
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return bound.args, bound.kwargs
@@ -178,11 +184,12 @@ class CompiledFunction:
         args, kwargs = self._bind(args, kwargs)
         return self._prepare(args, kwargs)[2][0]
 
-    def _prepare(self, args, kwargs) -> tuple[list, list, tuple[Program, Callable]]:
+    def _prepare(self, args, kwargs, flat: tuple | None = None) -> tuple[list, list, tuple[Program, Callable]]:
         """(the leaves the program takes, the trees linearized into them, (program, run)).
         Trees of node objects are passed as index tables (frontend.nodes), so that one program
-        serves every tree of their size; a field the program assigns adds tables for it."""
-        flat = pytree.flatten((args, kwargs))
+        serves every tree of their size; a field the program assigns adds tables for it.
+        `flat`: pytree.flatten((args, kwargs)), where the caller has it already."""
+        flat = flat if flat is not None else pytree.flatten((args, kwargs))
         for _ in range(_MAX_ASSIGNED_FIELDS):
             linked_args, linked_kwargs, linked, trees = self._linearize(args, kwargs, flat)
             try:

@@ -52,7 +52,7 @@ class BatchedFunction:
         self.max_iterations = max_iterations
         self._executors: dict[int, BatchedExecutor] = {}
         self.example = self.single._bind(example_inputs, {})
-        self._structure = _structure(self.example)
+        self._structure = _structure(pytree.flatten(self.example))
         self.single._prepare(*self.example)   # captures now: an unsupported model fails here, not per call
         self.schedule = None   # what the last call's largest group did (`explain`)
 
@@ -64,13 +64,13 @@ class BatchedFunction:
 
     def __call__(self, instances: Sequence) -> list:
         instances = [self._bound(i, args) for i, args in enumerate(instances)]
-        if any(self.single._needs_grad(args, kwargs) for args, kwargs in instances):
+        if any(self.single._needs_grad(args, kwargs) for args, kwargs, _ in instances):
             warnings.warn("cocktailer compiles inference only: gradients are on, so the instances run eagerly one "
                           "after another", GradFallbackWarning, stacklevel=2)
-            return [self.fn(*args, **kwargs) for args, kwargs in instances]
+            return [self.fn(*args, **kwargs) for args, kwargs, _ in instances]
         groups: dict[tuple, list[int]] = {}
         prepared = self._prepared(instances)
-        for i, (args, kwargs) in enumerate(instances):
+        for i in range(len(instances)):
             leaves, trees, (program, run) = prepared[i]
             tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
             prepared[i] = (program, run, leaves, trees, tensors)
@@ -86,20 +86,22 @@ class BatchedFunction:
         return results
 
     def _bound(self, position: int, args) -> tuple:
+        """(args, kwargs, their flattening) of one instance, checked against the example's structure."""
         bound = self.single._bind(_as_tuple(args), {})
-        mismatch = _mismatch(self._structure, _structure(bound))
+        flat = pytree.flatten(bound)
+        mismatch = _mismatch(self._structure, _structure(flat))
         if mismatch:
             raise BatchInputError([position], [mismatch])
-        return bound
+        return (*bound, flat)
 
     def _prepared(self, instances: list) -> list:
         """Each instance's (leaves, trees, (program, run)). An instance of sizes not seen before
         is captured, running the model on it: where that fails (an index out of its range, say),
         every such instance is named."""
         prepared, bad, reasons = [], [], []
-        for i, (args, kwargs) in enumerate(instances):
+        for i, (args, kwargs, flat) in enumerate(instances):
             try:
-                prepared.append(self.single._prepare(args, kwargs))
+                prepared.append(self.single._prepare(args, kwargs, flat))
             except InternalError:
                 raise
             except Exception as e:   # CocktailerError, or the model's own exception while it was captured
@@ -150,10 +152,10 @@ class BatchedFunction:
             raise BatchInputError(bad, reasons)
 
 
-def _structure(bound: tuple) -> tuple:
+def _structure(flat: tuple) -> tuple:
     """What every instance must share with the example: the arguments' structure, and each
-    tensor's rank and dtype (sizes may differ)."""
-    leaves, spec = pytree.flatten(bound)
+    tensor's rank and dtype (sizes may differ). `flat`: the arguments flattened."""
+    leaves, spec = flat
     return spec, tuple((x.dim(), x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__ for x in leaves)
 
 

@@ -453,8 +453,24 @@ def _stack_padded(column: tuple) -> torch.Tensor:
     """One input of every instance as one tensor, each padded to the largest along the dims
     where they differ by repeating its last element (so that padding holds values the instance
     has: no division by a zero nobody wrote). Nothing reads padding: indices are checked."""
-    shape = [max(t.shape[d] for t in column) for d in range(column[0].dim())]
+    first = column[0]
+    if all(t.shape == first.shape for t in column):
+        return torch.stack(column)
+    if first.dim() and all(t.shape[1:] == first.shape[1:] and t.shape[0] for t in column):
+        return _stack_padded_rows(column)
+    shape = [max(t.shape[d] for t in column) for d in range(first.dim())]
     return torch.stack([_padded(t, shape) for t in column])
+
+
+def _stack_padded_rows(column: tuple) -> torch.Tensor:
+    """`_stack_padded` where only the first dim differs (node counts, lengths): every instance's
+    rows, padded with its last, gathered out of all of them at once instead of one copy each."""
+    lengths = torch.tensor([t.shape[0] for t in column])
+    starts = torch.cumsum(lengths, 0) - lengths
+    longest = int(lengths.max())
+    index = starts[:, None] + torch.minimum(torch.arange(longest)[None, :], lengths[:, None] - 1)
+    rows = torch.cat(column).index_select(0, index.flatten().to(column[0].device))
+    return rows.view(len(column), longest, *column[0].shape[1:])
 
 
 def _padded(t: torch.Tensor, shape: list[int]) -> torch.Tensor:
