@@ -223,6 +223,24 @@ def test_sequences_of_different_lengths_share_one_program():
     assert batched.schedule.lanes == 5, "every length but 1 in one batch, each padded to the longest"
 
 
+class RunningSums(nn.Module):
+    """A tensor created with the sequence's size (as a stack of SPINN's is), written row by row."""
+
+    def forward(self, xs):
+        out = torch.zeros_like(xs)
+        acc = xs.new_zeros(xs.shape[1])
+        for t in range(xs.shape[0]):
+            acc = acc + xs[t]
+            out[t] = acc
+        return out, acc
+
+
+def test_tensors_created_with_each_instances_own_size_batch_together():
+    lengths = [7, 30, 2, 7, 12, 3]
+    batched = assert_batch_matches(RunningSums().eval(), [(randn(n, 4, seed=k),) for k, n in enumerate(lengths)])
+    assert batched.schedule.lanes == len(lengths)
+
+
 class LastAndMean(nn.Module):
     """Reads each sequence's own last element (a negative index into a padded dim) and
     averages over the sequence (a sum over it: padding must not join it)."""

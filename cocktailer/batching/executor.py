@@ -78,6 +78,7 @@ class BatchedExecutor:
         self._levels: dict[tuple, LevelProgram | str] = {}   # (function, path) -> its level program, or why none
         self._outside: dict[int, list[int]] = {}   # id(region) -> the ids of the values it reads from outside
         self.sizes: dict = {}   # the sizes every lane of this call shares
+        self._created_sizes: dict = {}   # those and the largest lane's of the others (created tensors are padded)
         self.schedule = Schedule()
         self.ragged = sorted(ragged_syms(program), key=lambda sym: sym.name)
         self._ragged_reads = {sym: (position, dim) for sym, position, dim in reversed(program.sizes)}
@@ -117,6 +118,9 @@ class BatchedExecutor:
         self.schedule = Schedule(lanes=count)
         lane_sizes = torch.tensor([[inst[self._ragged_reads[sym][0]].shape[self._ragged_reads[sym][1]]
                                     for sym in self.ragged] for inst in instances], dtype=torch.int64)
+        # a tensor created with a size that differs by lane is created padded, as the inputs are
+        self._created_sizes = {**self.sizes, **{sym: int(n) for sym, n in
+                                                zip(self.ragged, lane_sizes.amax(0).tolist() if count else [])}}
         self._padded = bool((lane_sizes != lane_sizes[:1]).any())   # (else torch's own index checks suffice)
         args = [Lanes(_stack_padded(column)) for column in zip(*instances)]
         hidden = {SIZES: Lanes(lane_sizes)} if self.ragged else {}
@@ -194,7 +198,8 @@ class BatchedExecutor:
             operands = [env[v.id] for v in op.operands]
             if kind in (Op.SELECT, Op.UPDATE) and self.ragged:
                 operands = self._checked_indices(op, operands, env)
-            outs = [apply(op, operands, attrs_at(attrs, self.sizes), count, self.rules)]
+            outs = [apply(op, operands, attrs_at(attrs, self._created_sizes if kind in CREATION else self.sizes),
+                          count, self.rules)]
         for r, value in zip(op.results, outs):
             if value is not None:
                 env[r.id] = value
@@ -331,7 +336,7 @@ class BatchedExecutor:
         different iterations (a ragged trip count), each lane's rows stop at its own count and
         the rest is padding, cut off where the output leaves the program."""
         if not steps:
-            rest = [self.sizes.get(d, 0) if isinstance(d, Sym) else d for d in result.type.shape[1:]]
+            rest = [self._created_sizes.get(d, 0) if isinstance(d, Sym) else d for d in result.type.shape[1:]]
             return Lanes(torch.empty((count, 0, *rest), dtype=result.type.dtype, device=self.program.device))
         values = [v for _, v in steps]
         if all(lanes is None for lanes, _ in steps):

@@ -6,14 +6,14 @@ where the program never lets the padding reach a real result: it reads such a di
 per-instance indices (`inp[node]`, `xs[t]`: checked against the instance's own size, negative
 ones counted from its own end), keeps it where it was through elementwise ops, products that do
 not sum over it and reductions over other dims, asks for its size (`len(x)`, `x.shape[0]`: each
-instance's own, so `range(len(x))` runs each instance's count), or returns it (cut back to
-each instance's size). Any other use (a sum or softmax over it, a reshape or cat along it, a
+instance's own, so `range(len(x))` runs each instance's count), creates a tensor of that size
+(`zeros_like(x)`: created padded too), or returns it (cut back to each instance's size). Any other use (a sum or softmax over it, a reshape or cat along it, a
 size computed into an attribute) would mix padding into results: such sizes stay equal within
 a batch, and instances that differ in them run in separate groups.
 """
 from __future__ import annotations
 
-from cocktailer.ir import ELEMENTWISE, Op, Operation, Program, Sym
+from cocktailer.ir import CREATION, ELEMENTWISE, Op, Operation, Program, Sym
 from cocktailer.ir.infer import syms_in
 from cocktailer.ir.ops import REDUCE
 
@@ -32,8 +32,10 @@ def ragged_syms(program: Program) -> frozenset[Sym]:
 
 def _mixing(op: Operation) -> set[Sym]:
     """The sizes this op would mix padding into results along."""
-    found = set(syms_in(tuple(op.attrs.values())))
     kind = op.op
+    if kind in CREATION:   # created padded, as the inputs are (`zeros_like(x)`, `arange(len(x))`)
+        return set()
+    found = set(syms_in(tuple(op.attrs.values())))
     if kind in _KEEP:
         return found
     if kind in (Op.SELECT, Op.UPDATE):
