@@ -241,6 +241,36 @@ def test_tensors_created_with_each_instances_own_size_batch_together():
     assert batched.schedule.lanes == len(lengths)
 
 
+class Attention(nn.Module):
+    """Self-attention over one sentence (a softmax along it, a product that sums over it, heads
+    split by a reshape after it), read at its first and third tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.query, self.key, self.value = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def heads(self, x):
+        return x.view(x.shape[0], 2, 2).transpose(0, 1)
+
+    def forward(self, x):
+        n, d = x.shape
+        q, k, v = self.heads(self.query(x)), self.heads(self.key(x)), self.heads(self.value(x))
+        y = (torch.softmax(q @ k.transpose(1, 2), -1) @ v).transpose(0, 1)
+        return y.contiguous().view(n, d), y[0] + y[2]
+
+
+def test_attention_over_sentences_of_different_lengths_runs_as_one_batch():
+    """Padding is masked where a softmax or a product would read it: each instance's result is
+    its own sentence's alone."""
+    lengths = [7, 30, 3, 12, 5]
+    batched = assert_batch_matches(Attention().eval(), [(randn(n, 4, seed=k, scale=3.0),) for k, n in enumerate(lengths)])
+    assert batched.schedule.lanes == len(lengths)
+    with pytest.raises(cocktailer.BatchInputError, match="instance 1: IndexError") as e:   # y[2] of 2 tokens
+        with torch.no_grad():
+            batched([(randn(9, 4, seed=0),), (randn(2, 4, seed=1),), (randn(4, 4, seed=2),)])
+    assert e.value.positions == [1]
+
+
 class LastAndMean(nn.Module):
     """Reads each sequence's own last element (a negative index into a padded dim) and
     averages over the sequence (a sum over it: padding must not join it)."""

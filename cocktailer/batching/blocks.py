@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cocktailer.batching.lanes import Lanes, rows
+from cocktailer.batching.ragged import needs_lane_sizes
 from cocktailer.codegen import kernels
 from cocktailer.ir import CONTROL, CREATION, ELEMENTWISE, Function, Op, Operation, Program, Region, Sym, TensorType, Value
 from cocktailer.ir.analysis import sizes_of
@@ -69,8 +70,10 @@ def _varying_results(op: Operation, varying: set[int], ragged: set) -> set[int]:
     return {r.id for r in op.results} if any(v.id in varying for v in op.operands) else set()
 
 
-def segments(region: Region, varying: set[int], users: dict[int, set[int]]) -> list:
-    """The region's ops, maximal runs of two or more batchable data ops grouped into Blocks."""
+def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragged: set) -> list:
+    """The region's ops, maximal runs of two or more batchable data ops grouped into Blocks.
+    `ragged`: the sizes that may differ by lane (an op that needs each lane's own, to mask
+    padding or check an index, runs in the executor)."""
     out, run = [], []
 
     def close():
@@ -81,7 +84,7 @@ def segments(region: Region, varying: set[int], users: dict[int, set[int]]) -> l
         run.clear()
 
     for op in region.ops:
-        if _batchable(op, varying):
+        if _batchable(op, varying) and not needs_lane_sizes(op, ragged):
             run.append(op)
         else:
             close()

@@ -29,7 +29,7 @@ from cocktailer.batching.blocks import Block, batched_program, lane_varying, run
 from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect
 from cocktailer.batching.levels import LevelProgram, inputs, level_program
 from cocktailer.batching.lanes import CALLS, CHECKED, HIDDEN, RULES, SIZES, Lanes, apply, matmul_per_lane, rows, take
-from cocktailer.batching.ragged import ragged_syms
+from cocktailer.batching.ragged import constant_indices, masked, ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
 from cocktailer.ir import CREATION, Function, Op, Operation, Program, Region, Sym
@@ -38,6 +38,9 @@ from cocktailer.ir.infer import attrs_at
 from cocktailer.reference.executor import RECURSION_LIMIT, _recursion_limit
 from cocktailer.runtime.compiler import find_compiler
 
+
+
+_MASKED = (Op.MATMUL, Op.SOFTMAX, Op.LOG_SOFTMAX)   # may read padding, which the executor masks (ragged.masked)
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,12 @@ class BatchedExecutor:
         self._levels: dict[tuple, LevelProgram | str] = {}   # (function, path) -> its level program, or why none
         self._outside: dict[int, list[int]] = {}   # id(region) -> the ids of the values it reads from outside
         self.sizes: dict = {}   # the sizes every lane of this call shares
-        self._created_sizes: dict = {}   # those and the largest lane's of the others (created tensors are padded)
+        self._padded_sizes: dict = {}   # those and the largest lane's of the others (created tensors are padded)
         self.schedule = Schedule()
         self.ragged = sorted(ragged_syms(program), key=lambda sym: sym.name)
         self._ragged_reads = {sym: (position, dim) for sym, position, dim in reversed(program.sizes)}
-        self._checked: dict[int, list] = {}   # id(op) -> its per-lane indices into ragged dims
+        self._checked: dict[int, tuple] = {}   # id(op) -> its per-lane and constant indices into ragged dims
+        self._masks: dict[int, bool] = {}      # id(op) -> whether it reads padding, which is then masked
         self._padded = False   # whether this call's instances differ in a ragged size
         self._segments: dict[int, list] = {}   # id(region) -> its ops, runs of them as native blocks
         self.block_notes: list[str] = []
@@ -94,7 +98,7 @@ class BatchedExecutor:
         users = {vid: ops for fn in self.program.functions.values() for vid, ops in value_users(fn).items()}
         for fn in self.program.functions.values():
             for region in fn.body.regions():
-                self._segments[id(region)] = segments(region, varying, users)
+                self._segments[id(region)] = segments(region, varying, users, set(self.ragged))
         blocks = [b for segs in self._segments.values() for b in segs if isinstance(b, Block)]
         compiled, self.block_notes = build_blocks([batched_program(b, self.program) for b in blocks])
         for block, entry in zip(blocks, compiled):
@@ -119,7 +123,7 @@ class BatchedExecutor:
         lane_sizes = torch.tensor([[inst[self._ragged_reads[sym][0]].shape[self._ragged_reads[sym][1]]
                                     for sym in self.ragged] for inst in instances], dtype=torch.int64)
         # a tensor created with a size that differs by lane is created padded, as the inputs are
-        self._created_sizes = {**self.sizes, **{sym: int(n) for sym, n in
+        self._padded_sizes = {**self.sizes, **{sym: int(n) for sym, n in
                                                 zip(self.ragged, lane_sizes.amax(0).tolist() if count else [])}}
         self._padded = bool((lane_sizes != lane_sizes[:1]).any())   # (else torch's own index checks suffice)
         args = [Lanes(_stack_padded(column)) for column in zip(*instances)]
@@ -198,8 +202,9 @@ class BatchedExecutor:
             operands = [env[v.id] for v in op.operands]
             if kind in (Op.SELECT, Op.UPDATE) and self.ragged:
                 operands = self._checked_indices(op, operands, env)
-            outs = [apply(op, operands, attrs_at(attrs, self._created_sizes if kind in CREATION else self.sizes),
-                          count, self.rules)]
+            elif kind in _MASKED and self._padded:
+                operands = self._masked_padding(op, operands, env, count)
+            outs = [apply(op, operands, attrs_at(attrs, self._padded_sizes), count, self.rules)]
         for r, value in zip(op.results, outs):
             if value is not None:
                 env[r.id] = value
@@ -211,12 +216,19 @@ class BatchedExecutor:
             return operands
         checks = self._checked.get(id(op))
         if checks is None:
-            checks = self._checked[id(op)] = _ragged_indices(op, self.ragged)
-        if not checks:
+            checks = self._checked[id(op)] = (_ragged_indices(op, self.ragged),
+                                              [(dim, self.ragged.index(size), k) for dim, size, k
+                                               in constant_indices(op) if size in self.ragged])
+        per_lane, constant = checks
+        if not per_lane and not constant:
             return operands
         operands = list(operands)
         sizes = env[SIZES].rows()
-        for position, dim, column in checks:
+        for dim, column, k in constant:   # (from the start: the analysis keeps negative ones equal)
+            limit = sizes[:, column]
+            if bool((limit <= k).any()):
+                raise IndexError(f"index {k} is out of bounds for dimension {dim} with size {int(limit.min())}")
+        for position, dim, column in per_lane:
             index, limit = operands[position], sizes[:, column]
             raw = index.rows() if isinstance(index, Lanes) else index.expand(len(limit))
             value = torch.where(raw < 0, raw + limit, raw)
@@ -225,6 +237,26 @@ class BatchedExecutor:
                 k = int(torch.nonzero(bad)[0])
                 raise IndexError(f"index {int(raw[k])} is out of bounds for dimension {dim} with size {int(limit[k])}")
             operands[position] = Lanes(value)
+        return operands
+
+    def _masked_padding(self, op: Operation, operands: list, env: dict, count: int) -> list:
+        """The operands of a product that sums over a ragged dim with their padding zeroed, or
+        of a softmax along one with its padding at -inf: each lane's result is its own alone."""
+        if id(op) not in self._masks:
+            self._masks[id(op)] = bool(masked(op) & set(self.ragged))
+        if not self._masks[id(op)]:
+            return operands
+        operands = list(operands)
+        if op.op is Op.MATMUL:
+            a, b = (v.type.shape for v in op.operands)
+            dims, fill = [len(a) - 1, len(b) - 2 if len(b) >= 2 else 0], 0
+        else:
+            dims, fill = [op.attrs["dim"] % op.operands[0].type.rank], float("-inf")
+        for k, dim in enumerate(dims):
+            size = op.operands[k].type.shape[dim]
+            if size in self.ragged:
+                operands[k] = _fill_padding(rows(operands[k], count), dim, env[SIZES].rows()[:, self.ragged.index(size)],
+                                            fill)
         return operands
 
     def _restricted(self, owner, env: dict, lanes: torch.Tensor | None) -> dict:
@@ -336,7 +368,7 @@ class BatchedExecutor:
         different iterations (a ragged trip count), each lane's rows stop at its own count and
         the rest is padding, cut off where the output leaves the program."""
         if not steps:
-            rest = [self._created_sizes.get(d, 0) if isinstance(d, Sym) else d for d in result.type.shape[1:]]
+            rest = [self._padded_sizes.get(d, 0) if isinstance(d, Sym) else d for d in result.type.shape[1:]]
             return Lanes(torch.empty((count, 0, *rest), dtype=result.type.dtype, device=self.program.device))
         values = [v for _, v in steps]
         if all(lanes is None for lanes, _ in steps):
@@ -420,6 +452,14 @@ class BatchedExecutor:
         found = self._inspectors[name]
         self.schedule.inspectors[name] = "native" if isinstance(found, NativeInspector) else found
         return found
+
+
+def _fill_padding(x: torch.Tensor, dim: int, sizes: torch.Tensor, fill) -> Lanes:
+    """x (one row per lane) with `fill` past each lane's own size along its dim `dim`."""
+    shape = [len(sizes)] + [1] * (x.dim() - 1)
+    shape[dim + 1] = x.shape[dim + 1]
+    outside = torch.arange(x.shape[dim + 1], device=x.device)[None, :] >= sizes[:, None]
+    return Lanes(x.masked_fill(outside.view(shape), fill))
 
 
 def _own_row(out: torch.Tensor, i: int) -> torch.Tensor:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from cocktailer.batching.blocks import LANES, _over_lanes, _rule
+from cocktailer.batching.ragged import needs_lane_sizes
 from cocktailer.batching.recursion import LevelPlan
 from cocktailer.ir import CONTROL, CREATION, Function, Op, Operation, Program, Region, Sym, TensorType, Value
 from cocktailer.ir.analysis import sizes_of
@@ -156,6 +157,8 @@ class _Builder:
             return self.read_table(op)
         if kind is Op.DIM:
             raise NotImplementedError("the body reads a size")
+        if needs_lane_sizes(op, self.ragged):
+            raise NotImplementedError(f"{kind.name} reads padding each instance's own size must mask")
         operands = [self.value(v) for v in op.operands]
         flags = [v.id in self.lane for v in operands]
         if any(flags):
