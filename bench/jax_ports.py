@@ -16,6 +16,8 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import torch
 from jax import lax
 
 from cocktailer import pytree
@@ -169,13 +171,21 @@ class JaxPort:
         return lax.while_loop(cond, lambda s: (s[0] + 1, body(*s)), (jnp.asarray(0, jnp.int64), inits))[1]
 
 
-def structured(program: Program, outs: list):
-    """The port's flat results in the structure of the model's output (what eager returns)."""
+def structured(program: Program, outs: list, inputs: list | None = None):
+    """The port's flat results in the structure of the model's output (what eager returns).
+    Outputs that are views of the inputs (or of each other) are rebuilt on `inputs`, the call's
+    torch tensors, as the compiled program's are; a program that writes into its inputs has no
+    JAX port (JAX arrays are immutable)."""
     boundary = program.boundary
-    if not boundary.plain:
-        raise NotImplementedError("the JAX port returns new arrays only (this program's outputs alias its inputs "
-                                  "or each other, or it writes into its inputs)")
-    outs = [outs[boundary.slots[o.index].value] for o in boundary.outputs]
+    if boundary.written or (not boundary.plain and inputs is None):
+        raise NotImplementedError("the JAX port returns new arrays only (this program writes into its inputs, "
+                                  "or its outputs alias its inputs and the inputs were not given)")
+    if boundary.plain:
+        outs = [outs[boundary.slots[o.index].value] for o in boundary.outputs]
+    else:
+        yields = [torch.from_numpy(np.array(o)) for o in outs]
+        sizes = {sym: inputs[position].shape[dim] for sym, position, dim in program.sizes}
+        outs = boundary.outputs_of(yields, inputs, program.constants, sizes)
     spec, kinds = program.output_spec
     it = iter(outs)
     return pytree.unflatten(spec, [next(it) if is_tensor else value for is_tensor, value in kinds])

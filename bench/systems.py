@@ -189,7 +189,7 @@ def _jax_port(subject: Subject, program) -> Prepared:
     from bench.jax_ports import JaxPort, structured   # imports jax: only once it is known to be there
     port = JaxPort(program)
     args = port.inputs(subject.tensors)
-    return Prepared(lambda: port(args), lambda outs: structured(program, outs), port.info)
+    return Prepared(lambda: port(args), lambda outs: structured(program, outs, subject.tensors), port.info)
 
 
 def _onnxruntime(subject: Subject) -> Prepared:

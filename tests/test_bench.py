@@ -195,10 +195,10 @@ def test_jax_port_matches_eager():
         w = make(name)
         program = cocktailer.capture(w.model, w.inputs)
         port = JaxPort(program)
+        tensors = [x for x in w.inputs if isinstance(x, torch.Tensor)]
         with torch.no_grad():
             expected = w.model(*w.inputs)
-        tensors = [x for x in w.inputs if isinstance(x, torch.Tensor)]
-        assert compare(structured(program, port(port.inputs(tensors))), expected).passed, name
+        assert compare(structured(program, port(port.inputs(tensors)), tensors), expected).passed, name
 
 
 # -- the flop and byte counter, on programs counted by hand ------------------------------------
