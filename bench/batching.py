@@ -19,9 +19,12 @@ Systems, all on the same instances in one process, timed in interleaved rounds:
 - hand-batched: for the tree models `bench.batch_peers.hand_batched`, level by level over index
   arrays, its linearization timed with it; for the zoo's others (written for a batch, masked
   where instances diverge) the instances concatenated into one call of the model, the seq2seq
-  decoder masking tokens after each instance's EOS (`zoo_hand_batched`);
+  decoder masking tokens after each instance's EOS (`zoo_hand_batched`); for the ACROBAT /
+  Cortex models `bench.throughput_peers` (level-batched trees, packed sequences, masked early exit);
 - dynet-agenda, dynet-depth (tree models): DyNet's autobatching, each strategy in a process of
-  its own serving one timed call per round (`bench.batch_peers.DynetServer`).
+  its own serving one timed call per round (`bench.batch_peers.DynetServer`);
+- jax-vmap (where JAX is installed and the model is ported, `bench.jax_peers`): one instance's
+  computation written for JAX, masked (every node computed at every level), vmapped and jitted.
 
 Every system's results are checked against eager per instance before it is timed. The table
 gives each system's median per call and instances per second, the batched run's speedup over
@@ -31,7 +34,10 @@ each peer, and the time of its inspectors (finding the call trees) on their own.
 timed interleaved on the same instances: one instance per call; all instances per call with
 recursion depth-first, each lane's operands copied, a product per lane and every op a torch op;
 + parameter reuse (a product with a shared weight as one GEMM); + gather fusion (operands read
-through index arrays); + level-by-level recursion; + native blocks (the default).
+through index arrays); + level-by-level recursion (the inspector as torch ops, each level op by
+op); + native blocks (runs of data ops as one native call); + native inspector (the call tree
+found by the control slice compiled to C); + level programs (a level's calls that take the same
+arms as one native call: the default).
 """
 from __future__ import annotations
 
@@ -102,17 +108,34 @@ def systems(name: str, model, instances: list, with_dynet: bool) -> dict:
            "compile": lambda: [fast(*a) for a in instances],
            "batch": lambda: batched(instances)}
     from bench.batch_peers import DynetServer, hand_batched, zoo_hand_batched
+    from bench.throughput_peers import MODELS as THROUGHPUT_PEERS, throughput_hand_batched
     if name in TREES:
         peer = hand_batched(name, model)
-    elif name not in INSTANCES:   # (no hand-batched port of the throughput zoo's models yet)
+    elif name in THROUGHPUT_PEERS:
+        peer = throughput_hand_batched(name, model)
+    elif name not in INSTANCES:
         peer = zoo_hand_batched(name, model, zoo_batch_dims(name))
-    if name not in INSTANCES:
+    else:
+        peer = None
+    if peer is not None:
         out["hand-batched"] = lambda: peer(instances)
+    jax = _jax_peer(name, model)
+    if jax is not None:
+        out["jax-vmap"] = lambda: jax(instances)
     if name in TREES and with_dynet:
         for strategy in ("agenda", "depth"):
             out[f"dynet-{strategy}"] = DynetServer(name, model, instances, strategy)
     out["batch"].batched = batched
     return out
+
+
+def _jax_peer(name: str, model):
+    """JAX's vmap of the model (masked), where JAX is installed and the model is ported."""
+    try:
+        from bench.jax_peers import MODELS, jax_vmapped
+    except ImportError:
+        return None
+    return jax_vmapped(name, model) if name in MODELS else None
 
 
 def _flat(x) -> list[torch.Tensor]:
@@ -159,14 +182,18 @@ def run_workload(name: str, hidden: int | None, batch: int, budget: Budget, with
             "branches": schedule.branches, "loop_steps": schedule.loop_steps}
 
 
-_OFF = Techniques(levels=False, gather_fusion=False, parameter_reuse=False, native_blocks=False)
+_OFF = Techniques(levels=False, gather_fusion=False, parameter_reuse=False, native_blocks=False,
+                  native_inspector=False, level_programs=False)
+_LEVELS = Techniques(native_blocks=False, native_inspector=False, level_programs=False)
 ABLATION = [   # (name, techniques, instances per call: 1 or all)
     ("one instance per call", Techniques(), 1),
     ("batched, depth-first", _OFF, None),
     ("+ parameter reuse", replace(_OFF, parameter_reuse=True), None),
     ("+ gather fusion", replace(_OFF, parameter_reuse=True, gather_fusion=True), None),
-    ("+ levels", Techniques(native_blocks=False), None),
-    ("+ native blocks (default)", Techniques(), None),
+    ("+ levels", _LEVELS, None),
+    ("+ native blocks", replace(_LEVELS, native_blocks=True), None),
+    ("+ native inspector", Techniques(level_programs=False), None),
+    ("+ level programs (default)", Techniques(), None),
 ]
 
 
@@ -203,7 +230,7 @@ def ablation_table(data: dict) -> str:
 
 
 def table(data: dict) -> str:
-    names = ["eager", "compile", "hand-batched", "dynet-agenda", "dynet-depth", "batch"]
+    names = ["eager", "compile", "hand-batched", "dynet-agenda", "dynet-depth", "jax-vmap", "batch"]
     lines = ["# Throughput mode: many instances per call", "", machine.summary(data["machine"]),
              f"- command: `{data['command']}`", "",
              "Median ms per call of all the instances (instances/s in parentheses for batch); "
