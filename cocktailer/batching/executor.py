@@ -27,7 +27,7 @@ import torch
 from cocktailer.backend.batched import build_blocks
 from cocktailer.batching.blocks import Block, batched_program, lane_varying, run_block, segments
 from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect
-from cocktailer.batching.levels import LevelProgram, inputs, level_program
+from cocktailer.batching.levels import LevelProgram, level_inputs, level_program
 from cocktailer.batching.lanes import CALLS, CHECKED, HIDDEN, RULES, SIZES, Lanes, apply, matmul_per_lane, rows, take
 from cocktailer.batching.ragged import constant_indices, masked, ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
@@ -90,7 +90,9 @@ class BatchedExecutor:
         self._padded = False   # whether this call's instances differ in a ragged size
         self._segments: dict[int, list] = {}   # id(region) -> its ops, runs of them as native blocks
         self.block_notes: list[str] = []
-        if techniques.native_blocks and find_compiler() is not None:
+        # native code runs on the CPU's memory: instances on another device run as torch ops
+        self._native = find_compiler() is not None and torch.device(program.device).type == "cpu"
+        if techniques.native_blocks and self._native:
             self._build_blocks()
 
     def _build_blocks(self):
@@ -395,7 +397,7 @@ class BatchedExecutor:
         fn = plan.function
         tree, groups, outer = tree.by_height(count)
         tables: list[torch.Tensor] | None = None
-        stacked = [rows(a, count) if through else None for a, through in zip(args, plan.passthrough)]
+        stacked = [rows(a, count).contiguous() if through else None for a, through in zip(args, plan.passthrough)]
         sizes = hidden[SIZES].rows() if SIZES in hidden else None
         counts = self.schedule.level_groups.setdefault(fn.name, [0, 0])
         for start, end, path in groups:
@@ -404,11 +406,8 @@ class BatchedExecutor:
             if isinstance(level, LevelProgram):
                 if tables is None:
                     tables = [torch.empty((tree.calls, *t.shape), dtype=t.dtype) for t in fn.result_types]
-                outs = level.compiled(inputs(level, stacked, tree, start, end, tables, sizes))
-                if level.checks and bool(outs[-1]):
-                    raise IndexError("an index is out of range for its instance's own size")
-                for table, out in zip(tables, outs):
-                    table[start:end] = out
+                _run_level_program(level, level_inputs(level, stacked, tree, start, end, tables, sizes), tables,
+                                   start, end)
                 continue
             env = tree.frame(plan, args, start, end, hidden, self.take)
             env[CALLS] = ReadChildren(plan.sites, tree.children, lambda: tables)
@@ -420,7 +419,6 @@ class BatchedExecutor:
                 table[start:end] = rows(v, end - start)
         self.schedule.levels.setdefault(fn.name, []).append(torch.bincount(tree.height).tolist())
         return [Lanes(table, outer) for table in tables]
-
 
     def _level_program(self, plan: LevelPlan, path: int, inspector: NativeInspector) -> LevelProgram | str:
         key = (plan.function.name, path)
@@ -442,8 +440,8 @@ class BatchedExecutor:
         if name not in self._inspectors:
             if not self.techniques.native_inspector:
                 self._inspectors[name] = "the native inspector is turned off"
-            elif find_compiler() is None:
-                self._inspectors[name] = "no C compiler"
+            elif not self._native:
+                self._inspectors[name] = "no C compiler, or the instances are not on the CPU"
             else:
                 try:
                     self._inspectors[name] = NativeInspector(plan, RECURSION_LIMIT)
@@ -452,6 +450,15 @@ class BatchedExecutor:
         found = self._inspectors[name]
         self.schedule.inspectors[name] = "native" if isinstance(found, NativeInspector) else found
         return found
+
+
+def _run_level_program(level: LevelProgram, inputs: list, tables: list, start: int, end: int):
+    """One native call for the calls start..end-1; their results into the tables."""
+    outs = level.compiled(inputs)
+    if level.checks and bool(outs[-1]):
+        raise IndexError("an index is out of range for its instance's own size")
+    for table, out in zip(tables, outs):
+        table[start:end] = out
 
 
 def _fill_padding(x: torch.Tensor, dim: int, sizes: torch.Tensor, fill) -> Lanes:

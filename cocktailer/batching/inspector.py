@@ -138,35 +138,40 @@ class NativeInspector:
     def __call__(self, args: list, count: int, hidden: dict, sizes: dict, ragged: list) -> CallTree:
         r = self.rendered
         tables = [rows(args[j], count) for j in r.tables]   # views where the lanes' rows are (padded) rows
-        pointers = (ctypes.c_void_p * max(len(tables), 1))(*[t.data_ptr() for t in tables])
-        strides = torch.tensor([s for t in tables for s in t.stride()] or [0], dtype=torch.int64)
         per_lane = hidden[SIZES].rows() if SIZES in hidden else None
         syms = torch.stack([per_lane[:, ragged.index(sym)] if sym in ragged else torch.full((count,), sizes[sym])
                             for sym in r.syms], 1).contiguous() if r.syms else torch.zeros(count, 1, dtype=torch.int64)
-        width = max(len(r.varying), 1)
         args0 = (torch.stack([rows(args[j], count).to(torch.int64) for j in r.varying], 1).contiguous()
                  if r.varying else torch.zeros(count, 1, dtype=torch.int64))
         while True:
-            cap = max(self.capacity, count)
-            root, depth, height = (torch.empty(cap, dtype=torch.int64) for _ in range(3))
-            arguments = torch.empty(cap, width, dtype=torch.int64)
-            kids = torch.empty(cap, max(len(self.plan.sites), 1), dtype=torch.int64)
-            path = torch.empty(cap, dtype=torch.int64)
-            info = torch.zeros(4, dtype=torch.int64)
-            n = self.entry(count, pointers, strides.data_ptr(), syms.data_ptr(), args0.data_ptr(), cap,
-                           self.max_depth, root.data_ptr(), depth.data_ptr(), arguments.data_ptr(),
-                           kids.data_ptr(), height.data_ptr(), path.data_ptr(), info.data_ptr())
-            if n != INSPECT_FULL:
-                break
-            self.capacity = cap * 4
+            found = self._run(tables, syms, args0, count, max(self.capacity, count))
+            if found is not None:
+                return found
+            self.capacity = max(self.capacity, count) * 4   # more calls than room: again, with more
+
+    def _run(self, tables: list, syms: torch.Tensor, args0: torch.Tensor, count: int, cap: int) -> CallTree | None:
+        """The call tree, or None where it has more than `cap` calls."""
+        sites = len(self.plan.sites)
+        pointers = (ctypes.c_void_p * max(len(tables), 1))(*[t.data_ptr() for t in tables])
+        strides = torch.tensor([s for t in tables for s in t.stride()] or [0], dtype=torch.int64)
+        root, depth, height, path = (torch.empty(cap, dtype=torch.int64) for _ in range(4))
+        arguments = torch.empty(cap, max(len(self.rendered.varying), 1), dtype=torch.int64)
+        kids = torch.empty(cap, max(sites, 1), dtype=torch.int64)
+        info = torch.zeros(4, dtype=torch.int64)
+        n = self.entry(count, pointers, strides.data_ptr(), syms.data_ptr(), args0.data_ptr(), cap,
+                       self.max_depth, root.data_ptr(), depth.data_ptr(), arguments.data_ptr(),
+                       kids.data_ptr(), height.data_ptr(), path.data_ptr(), info.data_ptr())
+        if n == INSPECT_FULL:
+            return None
         if n == INSPECT_INDEX:
             _, index, dim, size = info.tolist()
             raise IndexError(f"index {index} is out of bounds for dimension {dim} with size {size}")
         if n == INSPECT_DEEP:
             raise CompiledCallError(f"the program recursed deeper than the batched executor supports ({self.max_depth})")
         params = self.plan.function.params
-        return CallTree(n, root[:n], {j: arguments[:n, k].to(params[j].type.dtype) for k, j in enumerate(r.varying)},
-                        {s: kids[:n, s] for s in range(len(self.plan.sites))}, height[:n], path[:n])
+        return CallTree(n, root[:n], {j: arguments[:n, k].to(params[j].type.dtype)
+                                      for k, j in enumerate(self.rendered.varying)},
+                        {s: kids[:n, s] for s in range(sites)}, height[:n], path[:n])
 
 
 def frame(plan: LevelPlan, args: list, roots: torch.Tensor, varying: dict, ids: torch.Tensor,

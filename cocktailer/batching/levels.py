@@ -43,7 +43,7 @@ INSTANCES_SYM = Sym("instances", hint=5)
 class LevelProgram:
     program: Program
     inputs: list[tuple]   # what each parameter takes: ("table", j), ("rows", j), ("root",), ("arg", j),
-    #                       ("kids", s), ("results", k) or ("sizes", column); see `inputs`
+    #                       ("kids", s), ("results", k) or ("sizes", column); see `level_inputs`
     checks: bool          # whether the last output says an index was outside its instance's size
     compiled: object = None
 
@@ -56,16 +56,18 @@ def level_program(plan: LevelPlan, program: Program, path: int, branches: tuple[
     return _Builder(plan, program, taken, ragged).build()
 
 
-def inputs(level: LevelProgram, args: list, tree, start: int, end: int, tables: list, per_lane_sizes) -> list:
-    """The tensors for the parameters of `level`, for the calls start..end-1 of `tree`; `args`
-    the outer call's arguments (one row per instance), `per_lane_sizes` their sizes of ragged dims."""
+def level_inputs(level: LevelProgram, stacked: list, tree, start: int, end: int, tables: list,
+                 per_lane_sizes) -> list:
+    """The tensors for the parameters of `level`, for the calls start..end-1 of `tree`:
+    `stacked`, the outer call's arguments (contiguous, one row per instance, where every call
+    hands them on), `per_lane_sizes` the instances' sizes of ragged dims."""
     out = []
     for kind, *which in level.inputs:
         if kind == "table":
-            t = args[which[0]].contiguous()
-            out.append(t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]))
+            t = stacked[which[0]]
+            out.append(t.view(t.shape[0] * t.shape[1], *t.shape[2:]))
         elif kind == "rows":
-            out.append(torch.tensor(args[which[0]].shape[1]))
+            out.append(torch.tensor(stacked[which[0]].shape[1]))
         elif kind == "root":
             out.append(tree.root[start:end])
         elif kind == "arg":

@@ -82,18 +82,14 @@ class _Renderer:
 
     def render(self) -> InspectorSource:
         body = self.region(self.fn.body)
-        strides_at, at = [], 0
-        for j in self.tables:
-            strides_at.append(at)
-            at += self.fn.params[j].type.rank + 1
-        header = [f"const {ctype(self.fn.params[j].type.dtype)} a{j} = ({ctype(self.fn.params[j].type.dtype)})"
-                  f"args[c * {max(len(self.varying), 1)} + {k}];" for k, j in enumerate(self.varying)]
+        strides_at = [sum(self.fn.params[j].type.rank + 1 for j in self.tables[:k]) for k in range(len(self.tables))]
+        width = max(len(self.varying), 1)   # args[] per call (one even where none varies: no 0-size arrays)
+        params = [f"const {ctype(self.fn.params[j].type.dtype)} a{j} = ({ctype(self.fn.params[j].type.dtype)})"
+                  f"args[c * {width} + {k}];" for k, j in enumerate(self.varying)]
         source = _TEMPLATE.format(
-            V=max(len(self.varying), 1), S=max(len(self.syms), 1), K=max(len(self.sites), 1),
-            params="\n".join(header), body=body,
+            S=max(len(self.syms), 1), K=max(len(self.sites), 1), params="\n".join(params), body=body,
             strides="\n".join(f"const int64_t* st{k} = strides + {a};" for k, a in enumerate(strides_at)),
-            init_args="\n".join(f"args[i * {max(len(self.varying), 1)} + {k}] = args0[i * {max(len(self.varying), 1)} + {k}];"
-                                for k in range(len(self.varying))),
+            init_args="\n".join(f"args[i * {width} + {k}] = args0[i * {width} + {k}];" for k in range(len(self.varying))),
             FULL=INSPECT_FULL, INDEX=INSPECT_INDEX, DEEP=INSPECT_DEEP)
         return InspectorSource(source, tuple(self.tables), self.varying, tuple(self.syms), tuple(strides_at),
                                tuple(self.branches))
@@ -215,8 +211,8 @@ class _Renderer:
         if op not in self.sites:
             raise NotImplementedError("the slice calls another function")
         s = self.sites.index(op)
-        V = max(len(self.varying), 1)
-        moves = [f"args[n * {V} + {k}] = (int64_t)({self.value(op.operands[j])});" for k, j in enumerate(self.varying)]
+        moves = [f"args[n * {max(len(self.varying), 1)} + {k}] = (int64_t)({self.value(op.operands[j])});"
+                 for k, j in enumerate(self.varying)]
         return "\n".join([
             "{",
             f"if (n >= cap) return {INSPECT_FULL};",
