@@ -435,6 +435,25 @@ def test_the_native_inspector_finds_the_torch_inspectors_call_tree(name):
     assert torch.equal(torch.bincount(native.height), torch.bincount(torch_ops.height))   # calls per level
 
 
+class Fibonacci(nn.Module):
+    """A call tree of Fibonacci's shape, decided by an integer argument that changes per call."""
+
+    def forward(self, x, n):
+        if n < 2:
+            return x * (n + 1)
+        return torch.tanh(self.forward(x, n - 1) + 0.5 * self.forward(x, n - 2))
+
+
+def test_the_native_inspector_passes_changing_integer_arguments_to_each_call():
+    instances = [(randn(4, seed=k), torch.tensor(n)) for k, n in enumerate([9, 0, 1, 5, 12, 2])]
+    batched = assert_batch_matches(Fibonacci().eval(), instances)
+    assert batched.schedule.inspectors == {"forward": "native"}
+    # x is used whole (not one row of a table), which a level program does not take: op by op
+    assert batched.schedule.level_groups["forward"][0] == 0
+    native, torch_ops = _call_tree(batched, instances, True), _call_tree(batched, instances, False)
+    assert _calls(native) == _calls(torch_ops)
+
+
 def test_a_tree_with_a_cycle_is_named_instead_of_running_forever():
     """A node that is its own child: the native inspector stops at the recursion bound, and the
     instance is named (eager Python would raise RecursionError)."""
