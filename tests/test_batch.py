@@ -448,10 +448,9 @@ def test_the_native_inspector_passes_changing_integer_arguments_to_each_call():
     instances = [(randn(4, seed=k), torch.tensor(n)) for k, n in enumerate([9, 0, 1, 5, 12, 2])]
     batched = assert_batch_matches(Fibonacci().eval(), instances)
     assert batched.schedule.inspectors == {"forward": "native"}
-    # the leaves use x whole (not one row of a table), which a level program does not take: they
-    # run op by op; the calls that combine their children's results as level programs
+    # the leaves read x whole (their instance's row of the stacked x), n per call
     native_groups, op_by_op = batched.schedule.level_groups["forward"]
-    assert native_groups > 0 and op_by_op > 0
+    assert native_groups > 0 and op_by_op == 0
     native, torch_ops = _call_tree(batched, instances, True), _call_tree(batched, instances, False)
     assert _calls(native) == _calls(torch_ops)
 

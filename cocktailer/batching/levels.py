@@ -8,7 +8,8 @@ case its own program, §3.1), compiled once by the native stages:
 
 - a parameter every self-call hands on (a tree's tables) is read through an index, never copied
   per call: `table[node]` of call c reads row `root[c] * rows + node[c]` of the instances' tables
-  stacked and flattened (ACROBAT's gather fusion, in the kernel);
+  stacked and flattened (ACROBAT's gather fusion, in the kernel); one used whole is its
+  instance's row of the stacked parameter;
 - a self-call reads its callee's results from the tables of the levels below, at the callee's id;
 - branches the inspector decided are replaced by the arm the group takes;
 - a product with a weight is one GEMM over the group (parameter reuse).
@@ -31,7 +32,7 @@ import torch
 from cocktailer.batching.blocks import LANES, _over_lanes, _rule
 from cocktailer.batching.ragged import needs_lane_sizes
 from cocktailer.batching.recursion import LevelPlan
-from cocktailer.ir import CONTROL, CREATION, Function, Op, Operation, Program, Region, Sym, TensorType, Value
+from cocktailer.ir import CONTROL, CREATION, ELEMENTWISE, Function, Op, Operation, Program, Region, Sym, TensorType, Value
 from cocktailer.ir.analysis import sizes_of
 from cocktailer.passes.dce import dce
 
@@ -42,7 +43,7 @@ INSTANCES_SYM = Sym("instances", hint=5)
 @dataclass
 class LevelProgram:
     program: Program
-    inputs: list[tuple]   # what each parameter takes: ("table", j), ("rows", j), ("root",), ("arg", j),
+    inputs: list[tuple]   # what each parameter takes: ("table", j), ("rows", j), ("whole", j), ("root",), ("arg", j),
     #                       ("kids", s), ("results", k) or ("sizes", column); see `level_inputs`
     checks: bool          # whether the last output says an index was outside its instance's size
     compiled: object = None
@@ -66,6 +67,8 @@ def level_inputs(level: LevelProgram, stacked: list, tree, start: int, end: int,
         if kind == "table":
             t = stacked[which[0]]
             out.append(t.view(t.shape[0] * t.shape[1], *t.shape[2:]))
+        elif kind == "whole":
+            out.append(stacked[which[0]])
         elif kind == "rows":
             out.append(torch.tensor(stacked[which[0]].shape[1]))
         elif kind == "root":
@@ -124,8 +127,14 @@ class _Builder:
         j = self.param_index.get(v.id)
         if j is None:
             raise NotImplementedError("the body reads a value from outside the function")
-        if self.plan.passthrough[j]:
-            raise NotImplementedError(f"parameter {j}, the same in every call, is used other than indexed")
+        if self.plan.passthrough[j]:   # used whole: each call's instance's row
+            if v.type.syms:
+                raise NotImplementedError(f"parameter {j}, the same in every call, is used whole and its size "
+                                          "differs by instance")
+            root = self.input(("root",), TensorType((LANES,), torch.int64), lane=True)
+            stacked = self.input(("whole", j), TensorType((INSTANCES_SYM, *v.type.shape), v.type.dtype))
+            self.rename[v.id] = self.emit(Op.GATHER, [stacked, root], _over_lanes(v.type), True, dim=0)
+            return self.rename[v.id]
         return self.input(("arg", j), _over_lanes(v.type), lane=True)
 
     def emit(self, kind: Op, operands: list[Value], ty: TensorType, lane: bool, **attrs) -> Value:
@@ -162,9 +171,11 @@ class _Builder:
         if needs_lane_sizes(op, self.ragged):
             raise NotImplementedError(f"{kind.name} reads padding each instance's own size must mask")
         operands = [self.value(v) for v in op.operands]
+        if kind in ELEMENTWISE:
+            operands = [self.aligned(v, o.type, op.results[0].type.rank) for v, o in zip(operands, op.operands)]
         flags = [v.id in self.lane for v in operands]
-        if any(flags):
-            attrs = _rule(op, flags)
+        if any(flags):   # (elementwise: every per-call operand aligned to the result's rank above)
+            attrs = dict(op.attrs) if kind in ELEMENTWISE else _rule(op, flags)
             if attrs is None:
                 raise NotImplementedError(f"{kind.name} has no batching rule for these operands")
             results = [Value(_over_lanes(r.type)) for r in op.results]
@@ -177,6 +188,14 @@ class _Builder:
             self.rename[r.id] = new
             if any(flags):
                 self.lane.add(new.id)
+
+    def aligned(self, v: Value, ty: TensorType, rank: int) -> Value:
+        """A per-call value of a lower rank than the elementwise op's result, with 1s after its
+        lane dim, so that broadcasting pairs the lane dims (each call's scalar with its vector)."""
+        if v.id not in self.lane or ty.rank == rank:
+            return v
+        shape = (LANES, *[1] * (rank - ty.rank), *ty.shape)
+        return self.emit(Op.RESHAPE, [v], TensorType(shape, ty.dtype), True, shape=shape)
 
     def branch(self, op: Operation):
         if id(op) not in self.taken:
