@@ -397,7 +397,8 @@ class BatchedExecutor:
         fn = plan.function
         tree, groups, outer = tree.by_height(count)
         tables: list[torch.Tensor] | None = None
-        stacked = [rows(a, count).contiguous() if through else None for a, through in zip(args, plan.passthrough)]
+        stacked = ([rows(a, count).contiguous() if through else None for a, through in zip(args, plan.passthrough)]
+                   if tree.path is not None and self.techniques.level_programs else None)   # (level programs' inputs)
         sizes = hidden[SIZES].rows() if SIZES in hidden else None
         counts = self.schedule.level_groups.setdefault(fn.name, [0, 0])
         for start, end, path in groups:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from cocktailer.backend.batched import build_inspector
-from cocktailer.batching.lanes import CALLS, LANE, SIZES, Lanes, rows, take
+from cocktailer.batching.lanes import CALLS, LANE, SIZES, Lanes, rows
 from cocktailer.batching.recursion import LevelPlan
 from cocktailer.codegen.inspector import INSPECT_DEEP, INSPECT_FULL, INSPECT_INDEX
 from cocktailer.errors import CompiledCallError
