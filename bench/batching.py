@@ -37,7 +37,8 @@ recursion depth-first, each lane's operands copied, a product per lane and every
 through index arrays); + level-by-level recursion (the inspector as torch ops, each level op by
 op); + native blocks (runs of data ops as one native call); + native inspector (the call tree
 found by the control slice compiled to C); + level programs (a level's calls that take the same
-arms as one native call: the default).
+arms as one native call, called from Python); + native level loop (every level's programs called
+by one native loop: the default).
 """
 from __future__ import annotations
 
@@ -193,7 +194,8 @@ ABLATION = [   # (name, techniques, instances per call: 1 or all)
     ("+ levels", _LEVELS, None),
     ("+ native blocks", replace(_LEVELS, native_blocks=True), None),
     ("+ native inspector", Techniques(level_programs=False), None),
-    ("+ level programs (default)", Techniques(), None),
+    ("+ level programs", Techniques(level_loop=False), None),
+    ("+ native level loop (default)", Techniques(), None),
 ]
 
 

@@ -85,8 +85,11 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
                                                      else f"run as torch ops, a round of calls at a time: {how}"))
         lines.append(f"  inspectors: {schedule.inspect_s * 1e3:.3f} ms")
         for name, (native, by_ops) in schedule.level_groups.items():
+            loops = schedule.level_loops.get(name, 0)
             lines.append(f"  @{name}: {native} groups of calls (one height, one set of arms) ran as one native call "
-                         f"each (level programs), {by_ops} op by op")
+                         f"each (level programs), {by_ops} op by op; "
+                         + (f"{loops} call(s) of the native level loop ran the level programs" if loops else
+                            "the level programs were called from Python, one call per group"))
         lines += [f"    no level program for @{name} with arms {path:#b}: {why}"
                   for (name, path), why in executor._levels.items() if isinstance(why, str)]
         for name, runs in schedule.levels.items():

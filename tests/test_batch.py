@@ -11,8 +11,11 @@ from cocktailer import models
 from cocktailer.batching import Techniques
 from cocktailer.data import chain_tree, perfect_tree, random_tree
 from cocktailer.models.tree import tree_inputs
+from cocktailer.runtime import find_compiler
 from test_tree_objects import BinaryTreeRNN, binary_tree, walk
 from utils import _clone, assert_same, randn
+
+native = pytest.mark.skipif(find_compiler() is None, reason="no C compiler")
 
 
 def assert_batch_matches(model, instances, **kwargs):
@@ -384,7 +387,7 @@ def test_a_tree_index_out_of_range_is_named_and_nothing_is_returned():
 
 
 @pytest.mark.parametrize("off", ["levels", "gather_fusion", "parameter_reuse", "native_blocks", "native_inspector",
-                                 "level_programs"])
+                                 "level_programs", "level_loop"])
 def test_each_technique_turned_off_gives_the_same_answers(off):
     """The ablation's configurations compute what the default does (only slower)."""
     techniques = Techniques(**{off: False})
@@ -472,12 +475,14 @@ def test_a_tree_with_a_cycle_is_named_instead_of_running_forever():
 
 @pytest.mark.parametrize("name", ["rae", "treelstm", "treefc"])
 def test_each_level_of_a_tree_recursion_is_one_native_call(name):
-    """Leaves and internal nodes take different arms: two level programs, one call per level."""
+    """Leaves and internal nodes take different arms: two level programs, one call per level,
+    all made by one call of the native level loop."""
     w = models.make(name, batch=1, size="small", seed=0)
     trees = [chain_tree(12), random_tree(1, 0), perfect_tree(3)] + [random_tree(n, n) for n in (2, 7, 19, 30)]
     batched = assert_batch_matches(w.model.eval(), _tree_instances(8, trees))
     ((fn, per_level),) = batched.schedule.levels.items()
     assert batched.schedule.level_groups[fn] == [len(per_level[0]), 0]
+    assert batched.schedule.level_loops == {fn: 1}
     (executor,) = batched._executors.values()
     assert sorted(type(v).__name__ for v in executor._levels.values()) == ["LevelProgram"] * 2
 
@@ -563,3 +568,40 @@ class ConstantThenIndex(nn.Module):
 def test_per_instance_indices_after_constant_ones():
     instances = [(randn(4, 3, 5, seed=j), torch.tensor([j % 5, (j + 2) % 3, j])) for j in range(5)]
     assert_batch_matches(ConstantThenIndex(), instances)
+
+
+def _gather_twice_program():
+    """main(kids: i64[lanes], table: f32[calls, 4]) -> table[kids] * 2: a level program's shape."""
+    from cocktailer.batching.blocks import LANES
+    from cocktailer.batching.levels import CALLS_SYM
+    from cocktailer.ir import Function, Op, Operation, Program, Region, TensorType, Value
+    from cocktailer.ir.analysis import sizes_of
+    kids, table = Value(TensorType((LANES,), torch.int64)), Value(TensorType((CALLS_SYM, 4), torch.float32))
+    rows_, two, out = (Value(TensorType((LANES, 4), torch.float32)), Value(TensorType((), torch.float32)),
+                       Value(TensorType((LANES, 4), torch.float32)))
+    ops = [Operation(Op.GATHER, [table, kids], [rows_], {"dim": 0}),
+           Operation(Op.SCALAR, [], [two], {"value": 2.0, "dtype": torch.float32}),
+           Operation(Op.MUL, [rows_, two], [out], {})]
+    main = Function("main", Region([kids, table], ops, [out]))
+    return Program({"main": main}, "main", {}, torch.device("cpu"), sizes=sizes_of([kids, table]))
+
+
+@native
+def test_the_native_level_loop_runs_each_group_at_its_own_rows_and_lane_count():
+    """Groups of 3, 1 and 4 calls through one bound program: each reads its own rows of the
+    per-call inputs and writes its own rows of the results; a failing group stops the loop
+    with its program's error, after the groups before it ran."""
+    from cocktailer.backend.batched import LevelRun, build_blocks
+    (compiled,), _ = build_blocks([_gather_twice_program()])
+    table = torch.randn(6, 4)
+    kids = torch.tensor([5, 0, 3, 3, 1, 2, 4, 0])
+    results = torch.full((8, 4), float("nan"))
+    loop = LevelRun()
+    index = loop.add(compiled, [kids, table], [True, False], widest=4, outputs=[results], flag=False)
+    assert loop.run([(0, 3, index), (3, 4, index), (4, 8, index)]) is None
+    torch.testing.assert_close(results, table[kids] * 2)
+    kids[5], results[:] = 7, float("nan")   # row 7 of a 6-row table, in the last group
+    with pytest.raises(cocktailer.CompiledCallError, match="index out of range"):
+        loop.run([(0, 3, index), (3, 4, index), (4, 8, index)])
+    torch.testing.assert_close(results[:4], table[kids[:4]] * 2)
+    assert results[4:].isnan().all()

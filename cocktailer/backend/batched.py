@@ -6,18 +6,24 @@
   left out, and the executor runs its ops one by one with torch: slower, the same answers.
 - Native inspectors (`cocktailer.codegen.inspector`): a recursive function's control slice as
   one C function that finds every call of every instance and its height.
+- The level loop (`cocktailer.codegen.level_loop`): one C function that runs a recursion's
+  levels, calling each group's level program (a native block's entry point).
 """
 from __future__ import annotations
 
 import ctypes
+import time
+
+import torch
 
 from cocktailer.backend.config import Config
 from cocktailer.backend.native import NATIVE_STAGES, Build, Part, build_parts
 from cocktailer.backend.record import Record
 from cocktailer.ir import Program
 from cocktailer.codegen.inspector import InspectorSource, render_inspector
+from cocktailer.codegen.level_loop import LEVEL_LOOP_SOURCE, LOOP_FAILED, LOOP_OUT_OF_RANGE
 from cocktailer.runtime.compiler import compile_shared_library, load_library
-from cocktailer.runtime.native import CompiledProgram, default_workers
+from cocktailer.runtime.native import ERR_SIZES, CompiledProgram, default_workers
 
 _UP_TO_RENDER = NATIVE_STAGES[:3]   # memory plan, placement, render: whether a part can be built
 
@@ -51,3 +57,92 @@ def build_inspector(fn, sites, passthrough, control, if_results) -> tuple[Inspec
     entry.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                       ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 7]
     return rendered, entry
+
+
+class LevelEntry(ctypes.Structure):
+    """One level program bound for a batch, as the level loop reads it (`ck_level_t`)."""
+    _fields_ = [("fn", ctypes.c_void_p), ("inputs", ctypes.c_int64), ("outputs", ctypes.c_int64),
+                ("in_base", ctypes.c_void_p), ("in_stride", ctypes.c_void_p), ("in_", ctypes.c_void_p),
+                ("out_base", ctypes.c_void_p), ("out_stride", ctypes.c_void_p), ("out", ctypes.c_void_p),
+                ("cst", ctypes.c_void_p), ("arena", ctypes.c_void_p), ("stack", ctypes.c_void_p),
+                ("max_depth", ctypes.c_int64), ("locals", ctypes.c_void_p), ("rets", ctypes.c_void_p),
+                ("err", ctypes.c_void_p), ("lanes_at", ctypes.c_int64), ("flag", ctypes.c_int64)]
+
+
+_level_loop = None
+
+
+def level_loop() -> ctypes._CFuncPtr:
+    """`ck_run_levels`, compiled once per process (and cached on disk)."""
+    global _level_loop
+    if _level_loop is None:
+        path, _ = compile_shared_library(LEVEL_LOOP_SOURCE)
+        entry = load_library(path, LEVEL_LOOP_SOURCE).ck_run_levels
+        entry.restype = ctypes.c_int64
+        entry.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                          ctypes.c_void_p]
+        _level_loop = entry
+    return _level_loop
+
+
+class LevelRun:
+    """Level programs bound for one batch, and a run of groups (ranges of call ids, each with
+    the program it runs) that one call of the level loop runs."""
+
+    def __init__(self):
+        self.programs: list[CompiledProgram] = []
+        self.entries: list[LevelEntry] = []
+        self.alive: list = []   # what the entries point into
+
+    def add(self, compiled: CompiledProgram, inputs: list[torch.Tensor], per_call: list[bool], widest: int,
+            outputs: list[torch.Tensor], flag: bool) -> int:
+        """Bind a level program; its index for `run`. `inputs`: its inputs, those `per_call` with
+        one row per call id (contiguous), the others the same for every group; `outputs`: the
+        tables its results go to (one row per call id); `flag`: its last output says an index was
+        out of range. Bound at `widest` lanes, the most any of its groups has."""
+        inputs = [x.contiguous() for x in inputs]
+        bound = compiled.bind([x[:widest] if lane else x for x, lane in zip(inputs, per_call)])
+        lanes_at = [ERR_SIZES + k for k, (_, position, dim) in enumerate(compiled.entry.sizes)
+                    if per_call[position] and dim == 0]
+        outs = [*outputs, bound.outputs[-1]] if flag else list(outputs)
+        pointers = [_pointers([x.data_ptr() for x in inputs]), _pointers([y.data_ptr() for y in outs])]
+        strides = [_strides([x.stride(0) * x.element_size() if lane else 0 for x, lane in zip(inputs, per_call)]),
+                   _strides([y.stride(0) * y.element_size() for y in outputs] + [0] * flag)]
+        room = [(ctypes.c_void_p * max(len(inputs), 1))(), (ctypes.c_void_p * max(len(outs), 1))()]
+        self.entries.append(LevelEntry(
+            ctypes.cast(bound.function, ctypes.c_void_p).value, len(inputs), len(outs),
+            ctypes.addressof(pointers[0]), strides[0].data_ptr(), ctypes.addressof(room[0]),
+            ctypes.addressof(pointers[1]), strides[1].data_ptr(), ctypes.addressof(room[1]),
+            ctypes.addressof(bound.constants), bound.arena.data_ptr(), bound.stack.data_ptr(), compiled.max_depth,
+            bound.locals.data_ptr(), bound.rets.data_ptr(), ctypes.addressof(bound.err),
+            lanes_at[0] if lanes_at else -1, len(outs) - 1 if flag else -1))
+        self.programs.append(compiled)
+        self.alive += [inputs, outs, bound, pointers, strides, room]
+        return len(self.entries) - 1
+
+    def run(self, groups: list[tuple[int, int, int]]) -> int | None:
+        """Run the groups (start, end, program index), in order. Returns the first group whose
+        flag said an index was out of range (the groups after it did not run), else None;
+        raises what a failing entry's error code means."""
+        table = torch.tensor(groups, dtype=torch.int64)
+        entries = (LevelEntry * len(self.entries))(*self.entries)
+        failed, preempted = torch.zeros(2, dtype=torch.int64), ctypes.c_int64(0)
+        workers = self.programs[0].active_workers.choose()
+        start = time.perf_counter()
+        status = level_loop()(len(groups), table.data_ptr(), ctypes.addressof(entries), workers,
+                              failed.data_ptr(), ctypes.byref(preempted))
+        seconds = time.perf_counter() - start
+        for program in {id(p): p for p in self.programs}.values():
+            program.active_workers.report(workers, preempted.value, seconds)
+        group, code = failed.tolist()
+        if status == LOOP_FAILED:
+            self.programs[groups[group][2]].raise_error(code)
+        return group if status == LOOP_OUT_OF_RANGE else None
+
+
+def _pointers(addresses: list[int]) -> ctypes.Array:
+    return (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
+
+
+def _strides(strides: list[int]) -> torch.Tensor:
+    return torch.tensor(strides or [0], dtype=torch.int64)

@@ -27,7 +27,7 @@ import torch
 from cocktailer.backend.batched import build_blocks
 from cocktailer.batching.blocks import Block, batched_program, lane_varying, run_block, segments
 from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect
-from cocktailer.batching.levels import LevelProgram, level_inputs, level_program
+from cocktailer.batching.levels import LevelProgram, level_inputs, level_program, run_level_loop
 from cocktailer.batching.lanes import CALLS, CHECKED, HIDDEN, RULES, SIZES, Lanes, apply, matmul_per_lane, rows, take
 from cocktailer.batching.ragged import constant_indices, masked, ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
@@ -53,6 +53,7 @@ class Techniques:
     native_blocks: bool = True     # runs of data ops as one native call each (else one torch op per op)
     native_inspector: bool = True  # call trees found by the control slice compiled to C (else run as torch ops)
     level_programs: bool = True    # a level's calls that take the same arms as one native call (else op by op)
+    level_loop: bool = True        # a recursion's level programs called by one native loop (else from Python)
 
 
 @dataclass
@@ -66,6 +67,8 @@ class Schedule:
     inspect_s: float = 0.0     # seconds the inspectors took (finding call trees and their heights)
     inspectors: dict = field(default_factory=dict)   # function -> "native", or why its inspector runs torch ops
     level_groups: dict = field(default_factory=dict)  # function -> [groups run as level programs, groups run op by op]
+    level_loops: dict = field(default_factory=dict)   # function -> calls of the native level loop (each runs a
+    #                                                   run of groups with level programs)
 
 
 class BatchedExecutor:
@@ -401,25 +404,51 @@ class BatchedExecutor:
                    if tree.path is not None and self.techniques.level_programs else None)   # (level programs' inputs)
         sizes = hidden[SIZES].rows() if SIZES in hidden else None
         counts = self.schedule.level_groups.setdefault(fn.name, [0, 0])
-        for start, end, path in groups:
-            level = self._level_program(plan, path, native) if path is not None else None
+        levels = [self._level_program(plan, path, native) if path is not None else None for _, _, path in groups]
+        for level in levels:
             counts[not isinstance(level, LevelProgram)] += 1
-            if isinstance(level, LevelProgram):
-                if tables is None:
-                    tables = [torch.empty((tree.calls, *t.shape), dtype=t.dtype) for t in fn.result_types]
-                _run_level_program(level, level_inputs(level, stacked, tree, start, end, tables, sizes), tables,
-                                   start, end)
-                continue
-            env = tree.frame(plan, args, start, end, hidden, self.take)
-            env[CALLS] = ReadChildren(plan.sites, tree.children, lambda: tables)
-            env[CHECKED] = plan.control   # the inspector checked the indices these ops read, for every call
-            yields = self.run_region(fn.body, env, end - start)
-            if tables is None:
-                tables = [_table(v, t.dtype, tree.calls) for v, t in zip(yields, fn.result_types)]
-            for table, v in zip(tables, yields):
-                table[start:end] = rows(v, end - start)
+        if any(isinstance(level, LevelProgram) for level in levels):
+            tables = [torch.empty((tree.calls, *t.shape), dtype=t.dtype) for t in fn.result_types]
+        for run in self._runs(groups, levels):
+            if isinstance(run[0][2], LevelProgram) and self.techniques.level_loop:
+                run_level_loop(run, stacked, tree, tables, sizes)
+                self.schedule.level_loops[fn.name] = self.schedule.level_loops.get(fn.name, 0) + 1
+            elif isinstance(run[0][2], LevelProgram):
+                for start, end, level in run:
+                    _run_level_program(level, level_inputs(level, stacked, tree, start, end, tables, sizes), tables,
+                                       start, end)
+            else:
+                for start, end, _ in run:
+                    tables = self._run_level_ops(plan, args, tree, start, end, hidden, tables)
         self.schedule.levels.setdefault(fn.name, []).append(torch.bincount(tree.height).tolist())
         return [Lanes(table, outer) for table in tables]
+
+    def _run_level_ops(self, plan: LevelPlan, args: list, tree, start: int, end: int, hidden: dict,
+                       tables: list | None) -> list:
+        """The calls start..end-1 of one level run op by op; their results into the tables (made
+        here if None). Returns the tables."""
+        fn = plan.function
+        env = tree.frame(plan, args, start, end, hidden, self.take)
+        env[CALLS] = ReadChildren(plan.sites, tree.children, lambda: tables)
+        env[CHECKED] = plan.control   # the inspector checked the indices these ops read, for every call
+        yields = self.run_region(fn.body, env, end - start)
+        if tables is None:
+            tables = [_table(v, t.dtype, tree.calls) for v, t in zip(yields, fn.result_types)]
+        for table, v in zip(tables, yields):
+            table[start:end] = rows(v, end - start)
+        return tables
+
+    @staticmethod
+    def _runs(groups: list, levels: list) -> list[list[tuple]]:
+        """The groups (start, end, their level program or why none) in order, cut into runs of
+        those with level programs and runs of those without."""
+        runs: list[list[tuple]] = []
+        for (start, end, _), level in zip(groups, levels):
+            native = isinstance(level, LevelProgram)
+            if not runs or native != isinstance(runs[-1][0][2], LevelProgram):
+                runs.append([])
+            runs[-1].append((start, end, level))
+        return runs
 
     def _level_program(self, plan: LevelPlan, path: int, inspector: NativeInspector) -> LevelProgram | str:
         key = (plan.function.name, path)

@@ -18,7 +18,9 @@ Indices into a dim whose size differs between instances count from the call's ow
 end when negative; one the inspector did not already check sets the program's last output when
 it is outside that instance's size, and the executor then raises, as eager would.
 
-The executor calls the program once per group, where it drove one torch op per op before.
+The executor runs a recursion's groups with one call of the native level loop
+(`codegen.level_loop`), which calls each group's program in turn; before, Python drove one
+torch op per op.
 Anything the straight line cannot hold (a branch the inspector does not decide, a loop, a call of
 another function, an op without a batching rule, a size read per instance) raises
 NotImplementedError; that group then runs op by op.
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cocktailer.backend.batched import LevelRun
 from cocktailer.batching.blocks import LANES, _over_lanes, _rule
 from cocktailer.batching.ragged import needs_lane_sizes
 from cocktailer.batching.recursion import LevelPlan
@@ -82,6 +85,23 @@ def level_inputs(level: LevelProgram, stacked: list, tree, start: int, end: int,
         else:   # "sizes"
             out.append(per_lane_sizes[:, which[0]].contiguous())
     return out
+
+
+_PER_CALL = ("root", "arg", "kids")   # the inputs of one row per call; the others are the same for every group
+
+
+def run_level_loop(run: list[tuple[int, int, LevelProgram]], stacked: list, tree, tables: list, per_lane_sizes):
+    """Groups (start, end, level program), in order, run by one call of the native level loop
+    (`codegen.level_loop`): each program bound once at its widest group, every group's inputs
+    and results found by offsetting row pointers."""
+    loop, index = LevelRun(), {}
+    for level in {id(level): level for _, _, level in run}.values():
+        widest = max(end - start for start, end, other in run if other is level)
+        inputs = level_inputs(level, stacked, tree, 0, tree.calls, tables, per_lane_sizes)
+        index[id(level)] = loop.add(level.compiled, inputs, [kind in _PER_CALL for kind, *_ in level.inputs],
+                                    widest, tables, level.checks)
+    if loop.run([(start, end, index[id(level)]) for start, end, level in run]) is not None:
+        raise IndexError("an index is out of range for its instance's own size")
 
 
 class _Builder:

@@ -98,6 +98,22 @@ class _Layout(NamedTuple):
     shapes: list[tuple]   # the outputs'
 
 
+class Bound(NamedTuple):
+    """A call of an entry point, bound (`CompiledProgram.bind`); the tensors stay alive with it."""
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    input_pointers: ctypes.Array
+    output_pointers: ctypes.Array
+    arena: torch.Tensor
+    stack: torch.Tensor
+    locals: torch.Tensor
+    rets: torch.Tensor
+    err: ctypes.Array
+    workers: int
+    function: ctypes._CFuncPtr   # the entry point
+    constants: ctypes.Array      # its constant table
+
+
 class Workers:
     """How many workers the next call runs on.
 
@@ -263,7 +279,11 @@ class CompiledProgram:
                     any(n != d for n, d in zip(x.shape, ty.shape) if not isinstance(d, Sym)):
                 raise CompiledCallError(f"input {k} is {TensorType.of(x)}; this program was compiled for {ty}")
 
-    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def bind(self, inputs: Sequence[torch.Tensor]) -> "Bound":
+        """Everything a call of these inputs needs, short of the call: its scratch laid out for
+        their sizes, its outputs allocated, the worker count chosen. A caller that makes the call
+        itself (`codegen.level_loop`) may repoint inputs and outputs at tensors of sizes no
+        larger, between calls."""
         self.check_inputs(inputs)
         if self._packed_from:
             self._refresh_packed()
@@ -278,19 +298,23 @@ class CompiledProgram:
         if self.entry.frame_dynamic:
             stack = self._stack_for(layout, err)
         outputs = [torch.empty(shape, dtype=t.dtype) for shape, t in zip(layout.shapes, self.entry.outputs)]
-        ins = (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs])
-        outs = (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs])
-        workers = self.active_workers.choose()
         err[ERR_SIGINTS], err[ERR_MAX_ITERATIONS] = interrupt.arm(), self.max_iterations or 0
-        start = time.perf_counter()
-        code = self._fn(ins, outs, self._const_table, arena.data_ptr(), stack.data_ptr(), self.max_depth,
-                        locals_.data_ptr(), rets.data_ptr(), err, workers)
-        self.active_workers.report(workers, err[ERR_PREEMPTED], time.perf_counter() - start)
-        if code:
-            self._raise(code)
-        return outputs   # inputs written in place come back as the last outputs; the caller copies them
+        return Bound(inputs, outputs, (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs]),
+                     (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs]),
+                     arena, stack, locals_, rets, err, self.active_workers.choose(), self._fn, self._const_table)
 
-    def _raise(self, code: int):
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        b = self.bind(inputs)
+        start = time.perf_counter()
+        code = b.function(b.input_pointers, b.output_pointers, b.constants, b.arena.data_ptr(), b.stack.data_ptr(),
+                        self.max_depth, b.locals.data_ptr(), b.rets.data_ptr(), b.err, b.workers)
+        self.active_workers.report(b.workers, b.err[ERR_PREEMPTED], time.perf_counter() - start)
+        if code:
+            self.raise_error(code)
+        return b.outputs   # inputs written in place come back as the last outputs; the caller copies them
+
+    def raise_error(self, code: int):
+        """Raise what the entry's return code `code` (non-zero) means."""
         errors = self.entry.errors
         message = errors[code - 1] if 0 < code <= len(errors) else f"error {code}"
         if message == INTERRUPTED:
