@@ -311,11 +311,13 @@ class CompiledFunction:
                                "alias sees the writes as in PyTorch")
         return self._finish(program, run, run(tensors), leaves, trees, tensors)
 
-    def _finish(self, program: Program, run: Callable, results: list, leaves: list, trees: list, tensors: list):
+    def _finish(self, program: Program, run: Callable, results: list, leaves: list, trees: list, tensors: list,
+                fresh: bool = False):
         """The call's Python result from the program's yields: writes into the caller's tensors
-        (and trees) done, outputs that alias inputs rebuilt as views, attributes assigned."""
+        (and trees) done, outputs that alias inputs rebuilt as views, attributes assigned.
+        `fresh`: the yields are memory of their own, whatever `run` returns otherwise."""
         boundary = program.boundary
-        if not getattr(run, "fresh_outputs", False):
+        if not (fresh or getattr(run, "fresh_outputs", False)):
             results = _own_memory(results, boundary, tensors, program)
         boundary.write_back(results, tensors, program.constants)   # the program wrote into these, as eager would
         if trees:   # and into the tables of these trees: onto their nodes

@@ -82,7 +82,7 @@ class BatchedFunction:
             yields = self._run_group(program, [prepared[i][4] for i in members], members)
             for i, out in zip(members, yields):
                 program, run, leaves, trees, tensors = prepared[i]
-                results[i] = self.single._finish(program, run, out, leaves, trees, tensors)
+                results[i] = self.single._finish(program, run, out, leaves, trees, tensors, fresh=True)
         return results
 
     def _bound(self, position: int, args) -> tuple:

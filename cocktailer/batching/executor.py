@@ -19,6 +19,7 @@ against eager PyTorch per instance (tests/test_batch.py).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -71,6 +72,27 @@ class Schedule:
     #                                                   run of groups with level programs)
 
 
+class Workspace:
+    """Memory kept from one batched call to the next, for what no call's results outlive (the
+    stacked inputs, the results tables of recursions): fresh tensors of megabytes cost a page
+    fault per 4 KiB on every call (TreeLSTM at batch 64: 25 ms a call with them, 20 without)."""
+
+    def __init__(self):
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def take(self, key: tuple, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """An uninitialized tensor, in the memory last taken under `key` where it is large enough."""
+        n = math.prod(shape)
+        buffer = self.buffers.get(key)
+        if buffer is None or buffer.dtype != dtype or buffer.device != device or buffer.numel() < n:
+            # (room for a batch a little larger)
+            buffer = self.buffers[key] = torch.empty(n + n // 4, dtype=dtype, device=device)
+        return buffer[:n].view(shape)
+
+    def pointers(self) -> set[int]:
+        return {b.untyped_storage().data_ptr() for b in self.buffers.values()}
+
+
 class BatchedExecutor:
     max_iterations: int | None = None   # the most iterations one run of a loop may take (None: any)
 
@@ -92,6 +114,8 @@ class BatchedExecutor:
         self._masks: dict[int, bool] = {}      # id(op) -> whether it reads padding, which is then masked
         self._padded = False   # whether this call's instances differ in a ragged size
         self._segments: dict[int, list] = {}   # id(region) -> its ops, runs of them as native blocks
+        self.workspace = Workspace()   # stacked inputs and results tables, memory reused by every call
+        self._tables_taken = 0
         self.block_notes: list[str] = []
         # native code runs on the CPU's memory: instances on another device run as torch ops
         self._native = find_compiler() is not None and torch.device(program.device).type == "cpu"
@@ -125,13 +149,15 @@ class BatchedExecutor:
         self.sizes = {sym: first[position].shape[dim] for sym, position, dim in self.program.sizes
                       if sym not in self.ragged}
         self.schedule = Schedule(lanes=count)
+        self._tables_taken = 0
         lane_sizes = torch.tensor([[inst[self._ragged_reads[sym][0]].shape[self._ragged_reads[sym][1]]
                                     for sym in self.ragged] for inst in instances], dtype=torch.int64)
         # a tensor created with a size that differs by lane is created padded, as the inputs are
         self._padded_sizes = {**self.sizes, **{sym: int(n) for sym, n in
                                                 zip(self.ragged, lane_sizes.amax(0).tolist() if count else [])}}
         self._padded = bool((lane_sizes != lane_sizes[:1]).any())   # (else torch's own index checks suffice)
-        args = [Lanes(_stack_padded(column)) for column in zip(*instances)]
+        indices: dict = {}
+        args = [Lanes(self._stacked(k, column, indices)) for k, column in enumerate(zip(*instances))]
         hidden = {SIZES: Lanes(lane_sizes)} if self.ragged else {}
         with _recursion_limit(RECURSION_LIMIT):   # depth-first recursion costs Python frames per level
             try:
@@ -140,8 +166,54 @@ class BatchedExecutor:
                 raise CompiledCallError("the program recursed deeper than the batched executor supports "
                                         f"(Python recursion limit {RECURSION_LIMIT})") from None
         types = [v.type for v in self.program.main.body.yields]
-        return [[self._unpadded(_own_row(out, i), ty, lane_sizes[i]) for out, ty in zip(outs, types)]
-                for i in range(count)]
+        per_output = [[self._unpadded(row, ty, sizes) for row, sizes in zip(out.unbind(0), lane_sizes)]
+                      if any(d in self.ragged for d in ty.shape) else list(out.unbind(0))
+                      for out, ty in zip(self._memory_of_their_own(outs), types)]
+        return [list(results) for results in zip(*per_output)] if per_output else [[] for _ in range(count)]
+
+    def _stacked(self, k: int, column: tuple, indices: dict) -> torch.Tensor:
+        """Input k of every instance as one tensor, each padded to the largest along the dims
+        where they differ by repeating its last element (so that padding holds values the
+        instance has: no division by a zero nobody wrote; nothing reads padding, indices are
+        checked), in the workspace. `indices`: the gathers' indices per list of lengths (the
+        tables of a tree share theirs)."""
+        first = column[0]
+        if all(t.shape == first.shape for t in column):
+            return torch.stack(column, out=self.workspace.take(("input", k), (len(column), *first.shape), first.dtype,
+                                                             first.device))
+        if first.dim() and all(t.shape[1:] == first.shape[1:] and t.shape[0] for t in column):
+            # only the first dim differs (node counts, lengths): every instance's rows, padded with
+            # its last, gathered out of all of them at once instead of one copy each
+            lengths = tuple(t.shape[0] for t in column)
+            index = indices.get(lengths)
+            if index is None:
+                n = torch.tensor(lengths)
+                starts = torch.cumsum(n, 0) - n
+                index = indices[lengths] = (starts[:, None] + torch.minimum(torch.arange(max(lengths))[None, :],
+                                                                            n[:, None] - 1)).flatten()
+            rows = torch.cat(column, out=self.workspace.take(("rows", k), (sum(lengths), *first.shape[1:]), first.dtype,
+                                                     first.device))
+            out = self.workspace.take(("input", k), (index.numel(), *first.shape[1:]), first.dtype,
+                                      first.device)
+            torch.index_select(rows, 0, index.to(first.device), out=out)
+            return out.view(len(column), max(lengths), *first.shape[1:])
+        shape = [max(t.shape[d] for t in column) for d in range(first.dim())]
+        return torch.stack([_padded(t, shape) for t in column])
+
+    def _memory_of_their_own(self, outs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The batch's results (one row per instance), each in memory of its own, so that every
+        instance's results are fresh tensors (`CompiledFunction._finish` need not check them):
+        not the workspace's (the next call reuses it), not a constant's, not another result's,
+        and not one row repeated for every instance (a result the same for all, stride 0), which
+        would let a write into one instance's result reach the others'."""
+        taken = self.workspace.pointers() | {c.untyped_storage().data_ptr() for c in self.program.constants.values()}
+        fresh = []
+        for out in outs:
+            if out.untyped_storage().data_ptr() in taken or (out.dim() and out.stride(0) == 0):
+                out = out.clone()
+            taken.add(out.untyped_storage().data_ptr())
+            fresh.append(out)
+        return fresh
 
     def _unpadded(self, value: torch.Tensor, ty, sizes: torch.Tensor) -> torch.Tensor:
         """One instance's result cut back to its own sizes along the ragged dims."""
@@ -408,7 +480,7 @@ class BatchedExecutor:
         for level in levels:
             counts[not isinstance(level, LevelProgram)] += 1
         if any(isinstance(level, LevelProgram) for level in levels):
-            tables = [torch.empty((tree.calls, *t.shape), dtype=t.dtype) for t in fn.result_types]
+            tables = [self._table((tree.calls, *t.shape), t.dtype) for t in fn.result_types]
         for run in self._runs(groups, levels):
             if isinstance(run[0][2], LevelProgram) and self.techniques.level_loop:
                 run_level_loop(run, stacked, tree, tables, sizes)
@@ -423,6 +495,12 @@ class BatchedExecutor:
         self.schedule.levels.setdefault(fn.name, []).append(torch.bincount(tree.height).tolist())
         return [Lanes(table, outer) for table in tables]
 
+    def _table(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialized results table from the workspace: the n-th table a call asks for
+        reuses the n-th table's memory."""
+        self._tables_taken += 1
+        return self.workspace.take(("table", self._tables_taken), shape, dtype, torch.device(self.program.device))
+
     def _run_level_ops(self, plan: LevelPlan, args: list, tree, start: int, end: int, hidden: dict,
                        tables: list | None) -> list:
         """The calls start..end-1 of one level run op by op; their results into the tables (made
@@ -433,7 +511,7 @@ class BatchedExecutor:
         env[CHECKED] = plan.control   # the inspector checked the indices these ops read, for every call
         yields = self.run_region(fn.body, env, end - start)
         if tables is None:
-            tables = [_table(v, t.dtype, tree.calls) for v, t in zip(yields, fn.result_types)]
+            tables = [self._table((tree.calls, *_row_shape(v)), t.dtype) for v, t in zip(yields, fn.result_types)]
         for table, v in zip(tables, yields):
             table[start:end] = rows(v, end - start)
         return tables
@@ -499,14 +577,6 @@ def _fill_padding(x: torch.Tensor, dim: int, sizes: torch.Tensor, fill) -> Lanes
     return Lanes(x.masked_fill(outside.view(shape), fill))
 
 
-def _own_row(out: torch.Tensor, i: int) -> torch.Tensor:
-    """Instance i's row of a result. Rows of a lane tensor are memory of their own; a result the
-    same for every instance (repeated, stride 0) is copied, so that an instance's caller writing
-    into its result does not write into the others'."""
-    row = out[i]
-    return row.clone() if out.dim() and out.stride(0) == 0 and out.shape[0] > 1 else row
-
-
 def _count(active, count: int) -> int:
     return count if active is None else len(active)
 
@@ -526,33 +596,9 @@ def _keep(final, value, lanes: torch.Tensor, which: torch.Tensor, count: int):
     return final
 
 
-def _table(value, dtype: torch.dtype, calls: int) -> torch.Tensor:
-    shape = value.base.shape[1:] if isinstance(value, Lanes) else value.shape
-    return torch.empty((calls, *shape), dtype=dtype)
-
-
-def _stack_padded(column: tuple) -> torch.Tensor:
-    """One input of every instance as one tensor, each padded to the largest along the dims
-    where they differ by repeating its last element (so that padding holds values the instance
-    has: no division by a zero nobody wrote). Nothing reads padding: indices are checked."""
-    first = column[0]
-    if all(t.shape == first.shape for t in column):
-        return torch.stack(column)
-    if first.dim() and all(t.shape[1:] == first.shape[1:] and t.shape[0] for t in column):
-        return _stack_padded_rows(column)
-    shape = [max(t.shape[d] for t in column) for d in range(first.dim())]
-    return torch.stack([_padded(t, shape) for t in column])
-
-
-def _stack_padded_rows(column: tuple) -> torch.Tensor:
-    """`_stack_padded` where only the first dim differs (node counts, lengths): every instance's
-    rows, padded with its last, gathered out of all of them at once instead of one copy each."""
-    lengths = torch.tensor([t.shape[0] for t in column])
-    starts = torch.cumsum(lengths, 0) - lengths
-    longest = int(lengths.max())
-    index = starts[:, None] + torch.minimum(torch.arange(longest)[None, :], lengths[:, None] - 1)
-    rows = torch.cat(column).index_select(0, index.flatten().to(column[0].device))
-    return rows.view(len(column), longest, *column[0].shape[1:])
+def _row_shape(value) -> tuple:
+    """The shape of one lane's row of a value."""
+    return tuple(value.base.shape[1:] if isinstance(value, Lanes) else value.shape)
 
 
 def _padded(t: torch.Tensor, shape: list[int]) -> torch.Tensor:
