@@ -1,5 +1,7 @@
 """Tests run the IR verifier after capture and between passes, and keep compiled libraries in
-a cache of their own (one per test run, removed after it), never in the user's."""
+a cache of their own (one per test run, removed after it), never in the user's. Under
+pytest-xdist the workers share the run's cache (a program compiled by one is a hit for the
+other; the cache is safe across processes), and only the controller removes it."""
 import os
 import shutil
 import tempfile
@@ -8,9 +10,15 @@ from cocktailer import settings
 from cocktailer.runtime.cache import CACHE_VARIABLE
 
 settings.verify = True
-_cache = tempfile.mkdtemp(prefix="cocktailer-test-cache-")
+_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+if _WORKER and os.environ.get("COCKTAILER_TEST_CACHE"):
+    _cache = os.environ["COCKTAILER_TEST_CACHE"]
+else:
+    _cache = tempfile.mkdtemp(prefix="cocktailer-test-cache-")
+    os.environ["COCKTAILER_TEST_CACHE"] = _cache
 os.environ[CACHE_VARIABLE] = _cache   # subprocesses the tests start inherit it
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(_cache, ignore_errors=True)
+    if not _WORKER:
+        shutil.rmtree(_cache, ignore_errors=True)
