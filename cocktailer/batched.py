@@ -53,6 +53,10 @@ class BatchedFunction:
         self._executors: dict[int, BatchedExecutor] = {}
         self.example = self.single._bind(example_inputs, {})
         self._structure = _structure(pytree.flatten(self.example))
+        # an example of tensors only, all positional: an instance of as many plain tensors of the
+        # same ranks and dtypes has its structure, and is bound and flattened as it is
+        self._tensors_only = (self._structure[1] if not self.example[1] and
+                              all(isinstance(x, torch.Tensor) for x in self.example[0]) else None)
         self.single._prepare(*self.example)   # captures now: an unsupported model fails here, not per call
         self.schedule = None   # what the last call's largest group did (`explain`)
 
@@ -87,7 +91,12 @@ class BatchedFunction:
 
     def _bound(self, position: int, args) -> tuple:
         """(args, kwargs, their flattening) of one instance, checked against the example's structure."""
-        bound = self.single._bind(_as_tuple(args), {})
+        args = _as_tuple(args)
+        if self._tensors_only is not None and len(args) == len(self._tensors_only) and all(
+                type(x) is torch.Tensor and x.dim() == rank and x.dtype == dtype
+                for x, (rank, dtype) in zip(args, self._tensors_only)):
+            return args, {}, (list(args), self._structure[0])
+        bound = self.single._bind(args, {})
         flat = pytree.flatten(bound)
         mismatch = _mismatch(self._structure, _structure(flat))
         if mismatch:
