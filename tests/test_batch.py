@@ -555,6 +555,28 @@ def test_runs_of_data_ops_are_native_blocks():
     assert "native blocks: " in cocktailer.explain(batched, file=None)
 
 
+class RowCell(nn.Module):
+    """A GRU-like cell over one instance's vector made a (1, K) row, as `nn.Linear` is often fed."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.sigmoid(self.a(x.view(1, 8)))
+        return torch.tanh(self.b(h) * 2).view(4)
+
+
+def test_each_instances_row_times_a_weight_is_one_gemm_in_a_native_block():
+    """(1, K) rows of every instance times a shared weight: the lanes fold into the GEMM's rows."""
+    from cocktailer.batching.blocks import Block
+    batched = assert_batch_matches(RowCell().eval(), [(randn(8, seed=k),) for k in range(5)])
+    (executor,) = batched._executors.values()
+    blocks = [p for parts in executor._segments.values() for p in parts if isinstance(p, Block)]
+    assert sum(op.op.name == "MATMUL" for b in blocks for op in b.ops) == 2
+    assert all(b.compiled is not None for b in blocks) and not executor.block_notes
+
+
 class ConstantThenIndex(nn.Module):
     """Indices that vary by instance after constant ones (which drop their dims first)."""
 

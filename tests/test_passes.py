@@ -88,6 +88,43 @@ def test_input_projection_is_hoisted_out_of_a_loop_over_every_step():
     torch.testing.assert_close(ReferenceExecutor(program)([x, h]), expected)
 
 
+class BackwardRowRNN(nn.Module):
+    """A step's vector read backwards (`x[-1 - t]`) and made a (1, K) row, as a hand-written
+    GRU cell over one sentence does: the projection is hoisted all the same."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.rec = nn.Linear(4, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = torch.zeros(8)
+        for t in range(x.shape[0]):
+            h = torch.tanh(self.inp(x[-1 - t].view(1, 4)) + self.rec(h.view(1, 8))).view(8)
+        return h
+
+
+def test_a_projection_read_backwards_as_a_row_is_hoisted():
+    from cocktailer.passes.hoist import hoist_invariant_matmuls
+    from cocktailer.reference import ReferenceExecutor
+    torch.manual_seed(0)
+    x = torch.randn(6, 4)
+    program = cocktailer.capture(BackwardRowRNN().eval(), (x,))
+    expected = ReferenceExecutor(program)([x])
+    program = hoist_invariant_matmuls(program.clone())
+    cocktailer.verify(program)
+    assert sum(op.op is Op.MATMUL for op in _loop_body(program).ops) == 1   # only the recurrent one is left
+    hoisted = [op for op in program.main.body.ops if op.op is Op.MATMUL]
+    assert len(hoisted) == 1 and hoisted[0].results[0].type.shape == (6, 8)
+    torch.testing.assert_close(ReferenceExecutor(program)([x]), expected)
+    for backend in backends_under_test():
+        model = BackwardRowRNN().eval()
+        fast = cocktailer.compile(model, backend=backend)
+        for n in (1, 6, 9):
+            x = torch.randn(n, 4)
+            with torch.no_grad():
+                torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+
+
 def test_projection_stays_in_a_loop_that_may_stop_early():
     from cocktailer.passes.hoist import hoist_invariant_matmuls
     torch.manual_seed(0)

@@ -124,8 +124,8 @@ def _rule(op: Operation, flags: list[bool]):
     if kind in ELEMENTWISE:   # right-aligned broadcasting pairs lane dims only if every lane value has the result's rank
         ok = lane_ranks == {rank} and all(r <= rank for r, f in zip(ranks, flags) if not f)
         return dict(attrs) if ok else None
-    if kind is Op.MATMUL:   # lane vectors times a shared matrix: one GEMM with the lanes as its rows
-        return dict(attrs) if flags == [True, False] and ranks == [1, 2] else None
+    if kind is Op.MATMUL:   # lanes' vectors or matrices times a shared matrix: one GEMM, the lanes folded into its rows
+        return dict(attrs) if flags == [True, False] and ranks[1] == 2 else None
     if kind is Op.SELECT:
         if len(op.operands) > 1 or not flags[0]:
             return None   # per-lane indices: the executor's gather (fused with the lane index)

@@ -1,5 +1,6 @@
 """Hoist loop-invariant projections: `x[t] @ W` in a loop over t, with x and W invariant,
-becomes `(x @ W)[t]`, one GEMM over all steps before the loop.
+becomes `(x @ W)[t]`, one GEMM over all steps before the loop (also where the row is read at
+another step's index, `x[-1 - t]`, or as a (1, K) matrix, as `nn.Linear` of a step's vector).
 
 This is what cuDNN does with an RNN's input projection. Inside the loop a batch-1 RNN reads
 its input weights once per step as a matrix-vector product, bound by memory; before the loop
@@ -35,7 +36,7 @@ def _hoist_from(loop: Operation, trips: dict[int, object]) -> list[Operation]:
     body = loop.loop_body
     if loop.loop_cond is not None or loop.loop_trip is None or loop.loop_trip.id not in trips:
         return []
-    trip, counter = trips[loop.loop_trip.id], body.params[0]
+    trip = trips[loop.loop_trip.id]
     inside = _defined_inside(loop)
     defs = {r.id: op for op in body.ops for r in op.results}
     before: list[Operation] = []
@@ -43,8 +44,9 @@ def _hoist_from(loop: Operation, trips: dict[int, object]) -> list[Operation]:
         if op.op is not Op.MATMUL or len(op.operands[1].type.shape) > 2:
             continue
         step, weight = op.operands
-        select = defs.get(step.id)
-        if not _is_step_of_invariant(select, counter, inside, trip):
+        unit = _unit_rows(defs.get(step.id))   # x[t] reshaped to (1, K): a row of x as a matrix
+        select = defs.get(defs[step.id].operands[0].id if unit else step.id)
+        if not _is_step_of_invariant(select, inside, trip):
             continue
         weight_def = defs.get(weight.id)
         if weight.id in inside and (weight_def is None or weight_def.op is not Op.CONST):
@@ -54,21 +56,39 @@ def _hoist_from(loop: Operation, trips: dict[int, object]) -> list[Operation]:
             before.append(weight_def)
         source = select.operands[0]
         out = op.results[0].type
-        product = Value(TensorType((source.type.shape[0], *out.shape), out.dtype), hint="hoisted")
+        row = out.shape[len(unit or ()):]   # one step's row of the product
+        product = Value(TensorType((source.type.shape[0], *row), out.dtype), hint="hoisted")
         before.append(Operation(Op.MATMUL, [source, weight], [product], loc=op.loc))
-        body.ops[body.ops.index(op)] = Operation(Op.SELECT, [product, counter], op.results,
-                                                 {"key": select.attrs["key"]}, loc=op.loc)
+        taken = [Operation(Op.SELECT, [product, select.operands[1]], [Value(TensorType(row, out.dtype))],
+                           {"key": select.attrs["key"]}, loc=op.loc)]
+        if unit:
+            taken.append(Operation(Op.RESHAPE, taken[0].results, op.results, {"shape": out.shape}, loc=op.loc))
+        else:
+            taken[0].results = op.results
+        at = body.ops.index(op)
+        body.ops[at:at + 1] = taken
     return before
 
 
-def _is_step_of_invariant(select: Operation | None, counter: Value, inside: set[int], trip) -> bool:
-    """`x[t]`: a select of the leading dim of a loop-invariant x by the loop counter, over
-    every row (the trip count is x's leading size), leaving at least a row vector."""
+def _unit_rows(op: Operation | None) -> tuple | None:
+    """The leading unit dims a RESHAPE of a vector to (1, ..., 1, K) adds (a row as a matrix,
+    which `linear` makes of a step's vector), else None."""
+    if op is None or op.op is not Op.RESHAPE or op.operands[0].type.rank != 1:
+        return None
+    shape = tuple(op.attrs["shape"])
+    lead = shape[:-1]
+    return lead if lead and all(d == 1 for d in lead) and shape[-1:] == op.operands[0].type.shape else None
+
+
+def _is_step_of_invariant(select: Operation | None, inside: set[int], trip) -> bool:
+    """`x[i]`: a select of the leading dim of a loop-invariant x, leaving at least a row
+    vector, in a loop of as many steps as x has rows: the product over all of x's rows is no
+    more work than the loop's products over the rows it reads (the index may be any step's
+    value, `x[-1 - t]` of a backward RNN as well as `x[t]`)."""
     if select is None or select.op is not Op.SELECT or select.attrs.get("key") != (("dyn",),):
         return False
-    source, index = select.operands[0], select.operands[1]
-    return index.id == counter.id and source.id not in inside and source.type.shape[:1] == (trip,) \
-        and len(source.type.shape) >= 2
+    source = select.operands[0]
+    return source.id not in inside and source.type.shape[:1] == (trip,) and len(source.type.shape) >= 2
 
 
 def _defined_inside(loop: Operation) -> set[int]:
