@@ -15,6 +15,7 @@ is ignored or has its default action (the process ends), nothing is installed.
 from __future__ import annotations
 
 import ctypes
+import _signal
 import signal
 import threading
 
@@ -82,7 +83,7 @@ def arm() -> int:
     """Make sure a SIGINT reaches running native programs (cheap when nothing changed); the
     address of the process-wide counter they poll."""
     global _armed_for
-    current = signal.getsignal(signal.SIGINT)
+    current = _signal.getsignal(signal.SIGINT)   # (as signal.getsignal, less its enum conversion: per call)
     if current is _armed_for and _library is not None:
         return _counter
     library = _load()

@@ -200,6 +200,9 @@ class CompiledProgram:
         self._local = threading.local()
         self._layouts: dict[tuple, _Layout] = {}   # a call's sizes -> where its values of symbolic sizes go
         self.active_workers = Workers(workers, adaptive=not entry.needs_all_workers)
+        # per input: its dtype, rank and the (dim, size) of its dims that are numbers (checked per call)
+        self._expected = [(ty.dtype, ty.rank, tuple((d, n) for d, n in enumerate(ty.shape) if not isinstance(n, Sym)))
+                          for ty in entry.inputs]
 
     def _scratch(self):
         scratch = getattr(self._local, "scratch", None)
@@ -270,14 +273,14 @@ class CompiledProgram:
         return f"{self.library}:{self.entry.name}:{self.workers}"
 
     def check_inputs(self, inputs: Sequence[torch.Tensor]):
-        if len(inputs) != len(self.entry.inputs):
+        if len(inputs) != len(self._expected):
             raise CompiledCallError(f"expected {len(self.entry.inputs)} tensor inputs, got {len(inputs)}")
-        for k, (x, ty) in enumerate(zip(inputs, self.entry.inputs)):
-            if x.device.type != "cpu":
+        for k, (x, (dtype, rank, fixed)) in enumerate(zip(inputs, self._expected)):
+            if not x.is_cpu:
                 raise CompiledCallError(f"input {k} is on {x.device}; this program was compiled for the CPU")
-            if x.dtype != ty.dtype or x.dim() != ty.rank or \
-                    any(n != d for n, d in zip(x.shape, ty.shape) if not isinstance(d, Sym)):
-                raise CompiledCallError(f"input {k} is {TensorType.of(x)}; this program was compiled for {ty}")
+            if x.dtype != dtype or x.dim() != rank or any(x.shape[d] != n for d, n in fixed):
+                raise CompiledCallError(f"input {k} is {TensorType.of(x)}; this program was compiled for "
+                                        f"{self.entry.inputs[k]}")
 
     def bind(self, inputs: Sequence[torch.Tensor]) -> "Bound":
         """Everything a call of these inputs needs, short of the call: its scratch laid out for
