@@ -319,3 +319,60 @@ def test_nested_loops_are_distributed_inside_out():
     up (it used to be split afterwards in its old place, renaming its reads in place)."""
     assert_matches_eager(nested_loops_each_with_two_recurrences,
                          [(torch.randn(4), torch.randn(7, 3), torch.randn(()))])
+
+
+class Nested(nn.Module):
+    """An inner recurrence that reads the outer step's input, projected at every inner step."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.rec = nn.Linear(4, 8), nn.Linear(8, 8)
+
+    def forward(self, x, steps):
+        h = torch.zeros(8)
+        for i in range(x.shape[0]):
+            for _ in range(steps[i]):
+                h = torch.tanh(self.inp(x[i]) + self.rec(h))
+        return h
+
+
+def _loops(program) -> list:
+    return [op for op in program.walk() if op.op is Op.LOOP]
+
+
+def test_an_inner_loops_invariant_projection_moves_out_of_it():
+    x, steps = torch.randn(5, 4), torch.tensor([3, 0, 2, 4, 1])
+    program = cocktailer.capture(Nested().eval(), (x, steps))   # (the capture pipeline moves it)
+    outer, inner = _loops(program)
+    assert sum(op.op is Op.MATMUL for op in inner.loop_body.ops) == 1   # only the recurrent product is left
+    assert sum(op.op is Op.MATMUL for op in outer.loop_body.ops) == 1   # x[i] @ W, once per outer step
+    model = Nested().eval()
+    for backend in backends_under_test():
+        fast = cocktailer.compile(model, backend=backend)
+        for n in (1, 5):
+            x, steps = torch.randn(n, 4), torch.randint(0, 4, (n,))
+            with torch.no_grad():
+                torch.testing.assert_close(fast(x, steps), model(x, steps), rtol=1e-4, atol=1e-5)
+
+
+class MayNotRun(nn.Module):
+    """Ops that could raise stay in a loop that may run no iteration: an index the loop does
+    not range over, an integer division."""
+
+    def forward(self, x, k, d, n):
+        for _ in range(n):
+            x = x + x[k] + (k // d)
+        return x
+
+
+def test_an_op_that_may_raise_stays_in_its_loop():
+    x = torch.randn(3)
+    bad_index, zero = torch.tensor(7), torch.tensor(0)
+    program = cocktailer.capture(MayNotRun(), (x, torch.tensor(1), torch.tensor(2), torch.tensor(2)))
+    (loop,) = _loops(program)
+    kinds = [op.op for op in loop.loop_body.ops]
+    assert Op.SELECT in kinds and Op.FLOORDIV in kinds
+    for backend in backends_under_test():
+        fast = cocktailer.compile(MayNotRun(), backend=backend)
+        for args in [(x, bad_index, zero, torch.tensor(0)), (x, torch.tensor(1), torch.tensor(2), torch.tensor(2))]:
+            torch.testing.assert_close(fast(*args), MayNotRun()(*args))

@@ -12,6 +12,7 @@ from cocktailer.ir import Program, format_program, verify
 from cocktailer.passes.carries import forward_invariant_results
 from cocktailer.passes.dce import dce
 from cocktailer.passes.fold_constants import fold_constants
+from cocktailer.passes.licm import hoist_loop_invariants
 
 Pass = Callable[[Program], Program]
 
@@ -19,6 +20,7 @@ CAPTURE_PIPELINE: list[tuple[str, Pass]] = [
     ("forward_invariant_results", forward_invariant_results),
     ("dce", dce),
     ("fold_constants", fold_constants),
+    ("hoist_loop_invariants", hoist_loop_invariants),
     ("dce_after_folding", dce),
 ]
 
