@@ -11,7 +11,7 @@ values defined outside the loop reads the same values every iteration. What move
   an op can move out of several loops in turn;
 - only ops that cannot raise: a moved op runs even where the loop runs no iteration, and an
   error there would be one eager never raises. Elementwise ops (but integer division and
-  remainder, which raise on zero), products, reshapes, permutes, expands, casts, concatenations,
+  remainder, which raise on zero, and integer powers, which raise on a negative exponent), products, reshapes, permutes, expands, casts, concatenations,
   sums and softmaxes, constants, and selects by slices, by in-range numbers, or by the counter
   of an enclosing loop that counts up to that dim's size (`x[i]` in `for i in range(len(x))`).
 """
@@ -23,7 +23,7 @@ from cocktailer.ir.types import Sym
 
 _SAFE = {Op.MATMUL, Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.CAT, Op.CAST, Op.CONST, Op.SCALAR,
          Op.SUM, Op.MEAN, Op.PROD, Op.ANY, Op.ALL, Op.SOFTMAX, Op.LOG_SOFTMAX}
-_RAISE_ON_ZERO = {Op.DIV, Op.FLOORDIV, Op.MOD}   # on integers
+_RAISE_ON_INTEGERS = {Op.DIV, Op.FLOORDIV, Op.MOD, Op.POW}   # (division by zero; a negative power)
 
 
 def hoist_loop_invariants(program: Program) -> Program:
@@ -76,7 +76,7 @@ def _invariants(loop: Operation, in_range: dict) -> list[Operation]:
 
 def _cannot_raise(op: Operation, in_range: dict) -> bool:
     if op.op in ELEMENTWISE:
-        return not (op.op in _RAISE_ON_ZERO and not op.results[0].type.dtype.is_floating_point)
+        return not (op.op in _RAISE_ON_INTEGERS and not op.results[0].type.dtype.is_floating_point)
     if op.op in _SAFE:
         return True
     if op.op is Op.SELECT:
