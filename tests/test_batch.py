@@ -487,6 +487,16 @@ def test_each_level_of_a_tree_recursion_is_one_native_call(name):
     assert sorted(type(v).__name__ for v in executor._levels.values()) == ["LevelProgram"] * 2
 
 
+def test_each_calls_matrix_times_its_own_vector_runs_in_level_programs():
+    """MV-RNN: every node's matrix times its sibling's vector, and a shared matrix times every
+    node's stacked matrices: batched products over the calls, inside the level programs."""
+    from cocktailer.models.throughput import INSTANCES
+    model, instances = INSTANCES["mvrnn"](6, size="small")
+    batched = assert_batch_matches(model.eval(), instances)
+    native, op_by_op = batched.schedule.level_groups["forward"]
+    assert native > 0 and op_by_op == 0
+
+
 class OffsetLeaves(nn.Module):
     """Leaves read the vector of another node: `shift` past their own, counted from the end
     when negative; read outside the control slice, so the level programs check it."""

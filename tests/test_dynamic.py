@@ -672,6 +672,24 @@ def test_batched_products_of_a_symbolic_length_keep_it_symbolic(backend):
     assert len(fast.cache) == 1 and length_is_symbolic(fast)
 
 
+def per_item_products(mats, vecs, w):
+    """A batch of n matrices, each times its own vector and a shared matrix times each: products
+    whose batch dim is the symbolic n on both sides, or on B's alone."""
+    own = (mats @ vecs.unsqueeze(2)).squeeze(2)        # [n, 8, 8] @ [n, 8, 1]
+    return own, w @ mats                                # [8, 8] @ [n, 8, 8]
+
+
+@pytest.mark.parametrize("backend", backends_under_test())
+def test_products_batched_over_a_symbolic_count_keep_it_symbolic(backend):
+    fast = cocktailer.compile(per_item_products, backend=backend, dynamic=True)
+    w = torch.randn(8, 8)
+    for n in (5, 2, 9):
+        args = (torch.randn(n, 8, 8), torch.randn(n, 8), w)
+        for got, want in zip(fast(*args), per_item_products(*args)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert len(fast.cache) == 1
+
+
 class Halving(torch.nn.Module):
     """Recursion whose frames hold values of the sequence's length ([n, 4], then [n] scores)."""
 

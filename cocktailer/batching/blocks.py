@@ -124,8 +124,13 @@ def _rule(op: Operation, flags: list[bool]):
     if kind in ELEMENTWISE:   # right-aligned broadcasting pairs lane dims only if every lane value has the result's rank
         ok = lane_ranks == {rank} and all(r <= rank for r, f in zip(ranks, flags) if not f)
         return dict(attrs) if ok else None
-    if kind is Op.MATMUL:   # lanes' vectors or matrices times a shared matrix: one GEMM, the lanes folded into its rows
-        return dict(attrs) if flags == [True, False] and ranks[1] == 2 else None
+    if kind is Op.MATMUL:
+        if flags == [True, False]:   # lanes' vectors or matrices times a shared matrix: one GEMM, lanes folded into its rows
+            return dict(attrs) if ranks[1] == 2 else None
+        if flags == [False, True]:   # a shared vector or matrix times each lane's matrix: a batch of GEMMs
+            return dict(attrs) if ranks[1] >= 2 and ranks[0] <= 2 else None
+        # each lane's matrix times its own: a batch of GEMMs over the lanes
+        return dict(attrs) if ranks[0] == ranks[1] >= 2 else None
     if kind is Op.SELECT:
         if len(op.operands) > 1 or not flags[0]:
             return None   # per-lane indices: the executor's gather (fused with the lane index)

@@ -194,6 +194,8 @@ class _Builder:
         if kind in ELEMENTWISE:
             operands = [self.aligned(v, o.type, op.results[0].type.rank) for v, o in zip(operands, op.operands)]
         flags = [v.id in self.lane for v in operands]
+        if kind is Op.MATMUL and flags == [True, True] and [v.type.rank for v in op.operands] == [2, 1]:
+            return self.matrix_times_vector(op, operands)
         if any(flags):   # (elementwise: every per-call operand aligned to the result's rank above)
             attrs = dict(op.attrs) if kind in ELEMENTWISE else _rule(op, flags)
             if attrs is None:
@@ -208,6 +210,14 @@ class _Builder:
             self.rename[r.id] = new
             if any(flags):
                 self.lane.add(new.id)
+
+    def matrix_times_vector(self, op: Operation, operands: list[Value]):
+        """Each call's matrix times its own vector (MV-RNN's `B @ a`): the vectors made columns,
+        one batch of products over the calls, the columns made vectors again."""
+        (m, k), n = op.operands[0].type.shape, op.results[0].type
+        column = self.emit(Op.RESHAPE, [operands[1]], TensorType((LANES, k, 1), n.dtype), True, shape=(LANES, k, 1))
+        product = self.emit(Op.MATMUL, [operands[0], column], TensorType((LANES, m, 1), n.dtype), True)
+        self.rename[op.results[0].id] = self.emit(Op.RESHAPE, [product], _over_lanes(n), True, shape=(LANES, m))
 
     def aligned(self, v: Value, ty: TensorType, rank: int) -> Value:
         """A per-call value of a lower rank than the elementwise op's result, with 1s after its

@@ -107,8 +107,7 @@ def _select_in_range(op: Operation, in_range: dict) -> bool:
 
 
 def _same_size(a, b) -> bool:
-    """Two sizes known equal: the same Sym, or equal numbers (a Sym compared with a number is
-    neither, and comparing it raises)."""
-    if isinstance(a, Sym) or isinstance(b, Sym):
-        return a is b
+    """Two sizes known equal: the same Sym (by name), or equal numbers; a Sym and a number are not."""
+    if isinstance(a, Sym) != isinstance(b, Sym):
+        return False
     return a == b

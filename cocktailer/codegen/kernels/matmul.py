@@ -32,7 +32,8 @@ def _geometry(op: Operation, ctx: KernelContext | None = None):
     """(batch shape, A's and B's element strides per batch dim, M, K, N, hints of M and N).
     M, K and N may be run-time sizes (C expressions: `ctx.size` of the symbolic dims), and so
     may the strides; where B is one matrix, A's batch is folded into its rows (one tall GEMM),
-    so its batch dims may be too. A batched B's batch dims must be numbers (the batch is
+    so its batch dims may be too. A batched B's batch dims may be run-time sizes where A has the
+    same batch dims or none (one A for every matrix of B); else they must be numbers (the batch is
     broadcast at compile time)."""
     sa, sb = tuple(op.operands[0].type.shape), tuple(op.operands[1].type.shape)
     a_vec, b_vec = len(sa) == 1, len(sb) == 1
@@ -47,8 +48,13 @@ def _geometry(op: Operation, ctx: KernelContext | None = None):
         rows = (*a_batch, M)
         return (), [], [], c(*rows), c(K), c(N), hint(rows), hint((N,))
     batch_syms = tuple(d for d in a_batch + b_batch if isinstance(d, Sym))
-    if batch_syms:
-        raise SymbolicSizeError(batch_syms, "a batched matmul's batch dims")
+    if batch_syms and a_batch and a_batch != b_batch:
+        raise SymbolicSizeError(batch_syms, "a batched matmul's batch dims, where A's and B's differ")
+    if batch_syms:   # one batch for both (every lane's matrix times its own), or B's with one A: no broadcasting
+        batch = tuple(size(d) if isinstance(d, Sym) else d for d in b_batch)
+        own = [c(*b_batch[i + 1:]) for i in range(len(b_batch))]
+        sta = [product(o, c(M, K)) for o in own] if a_batch else [0] * len(batch)
+        return batch, sta, [product(o, c(K, N)) for o in own], c(M), c(K), c(N), hint((M,)), hint((N,))
     batch = tuple(torch.broadcast_shapes(a_batch, b_batch))
     sta = [c(s, M, K) for s in broadcast_strides(a_batch, batch)]
     stb = [c(s, K, N) for s in broadcast_strides(b_batch, batch)]
