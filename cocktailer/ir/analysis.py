@@ -163,6 +163,16 @@ def unrollable(op: Operation) -> bool:
             and not any(inner.op is Op.LOOP for inner in op.loop_body.walk()))
 
 
+def defined_inside(op: Operation) -> set[int]:
+    """The ids of every value `op`'s regions define, at any depth (their parameters and results)."""
+    ids: set[int] = set()
+    for region in op.regions:
+        for r in region.regions():
+            ids.update(p.id for p in r.params)
+            ids.update(v.id for o in r.ops for v in o.results)
+    return ids
+
+
 def known_trip_counts(fn: Function) -> dict:
     """Values a loop may take as its trip count that are known before it runs, by value id:
     numbers (SCALAR), and symbolic sizes (a DIM of a symbolic dim: the Sym)."""

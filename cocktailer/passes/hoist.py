@@ -15,7 +15,7 @@ call time and the GEMM takes its rows as a run-time size.
 from __future__ import annotations
 
 from cocktailer.ir import Op, Operation, Program, TensorType, Value
-from cocktailer.ir.analysis import known_trip_counts
+from cocktailer.ir.analysis import defined_inside, known_trip_counts
 
 
 def hoist_invariant_matmuls(program: Program) -> Program:
@@ -37,7 +37,7 @@ def _hoist_from(loop: Operation, trips: dict[int, object]) -> list[Operation]:
     if loop.loop_cond is not None or loop.loop_trip is None or loop.loop_trip.id not in trips:
         return []
     trip = trips[loop.loop_trip.id]
-    inside = _defined_inside(loop)
+    inside = defined_inside(loop)
     defs = {r.id: op for op in body.ops for r in op.results}
     before: list[Operation] = []
     for op in list(body.ops):
@@ -89,12 +89,3 @@ def _is_step_of_invariant(select: Operation | None, inside: set[int], trip) -> b
         return False
     source = select.operands[0]
     return source.id not in inside and source.type.shape[:1] == (trip,) and len(source.type.shape) >= 2
-
-
-def _defined_inside(loop: Operation) -> set[int]:
-    ids: set[int] = set()
-    for region in loop.regions:
-        for r in region.regions():
-            ids.update(p.id for p in r.params)
-            ids.update(v.id for op in r.ops for v in op.results)
-    return ids

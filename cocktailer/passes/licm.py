@@ -18,7 +18,7 @@ values defined outside the loop reads the same values every iteration. What move
 from __future__ import annotations
 
 from cocktailer.ir import ELEMENTWISE, Op, Operation, Program, Region
-from cocktailer.ir.analysis import known_trip_counts
+from cocktailer.ir.analysis import defined_inside, known_trip_counts
 from cocktailer.ir.types import Sym
 
 _SAFE = {Op.MATMUL, Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.CAT, Op.CAST, Op.CONST, Op.SCALAR,
@@ -61,8 +61,7 @@ def _counted(loop: Operation, trips: dict) -> dict:
 def _invariants(loop: Operation, in_range: dict) -> list[Operation]:
     """Take the invariant ops off the top of `loop`'s body; return them, in order."""
     body = loop.loop_body
-    inside = {p.id for r in loop.regions for p in r.params}
-    inside |= {v.id for r in loop.regions for op in r.walk() for v in op.results}
+    inside = defined_inside(loop)
     moved, kept = [], []
     for op in body.ops:
         if not op.regions and _cannot_raise(op, in_range) and not any(v.id in inside for v in op.operands):
@@ -99,15 +98,9 @@ def _select_in_range(op: Operation, in_range: dict) -> bool:
             if isinstance(size, Sym) or not -size <= item[1] < size:
                 return False
         elif kind == "dyn":
-            counted = in_range.get(next(dynamic).id)
-            if counted is None or not _same_size(counted, shape[dim]):
+            counted = in_range.get(next(dynamic).id)   # (a Sym equals only a Sym of its name, never a number)
+            if counted is None or counted != shape[dim]:
                 return False
         dim += 1
     return True
 
-
-def _same_size(a, b) -> bool:
-    """Two sizes known equal: the same Sym (by name), or equal numbers; a Sym and a number are not."""
-    if isinstance(a, Sym) != isinstance(b, Sym):
-        return False
-    return a == b
