@@ -11,7 +11,7 @@ bench/kernels.py.
 """
 from __future__ import annotations
 
-from cocktailer.codegen.kernels.gemm import KC, VARIANTS, VW, _ukr, mc_of
+from cocktailer.codegen.kernels.gemm import KC, VARIANTS, VW, mc_of, register_epilogue
 
 _HEADER = r"""
 /* a convolution's input seen as the K x (images * oh*ow) im2col matrix (images istride apart) */
@@ -142,8 +142,8 @@ def _ukr_dconv(mr: int, nr: int) -> str:
         L.append(f"      {{ const float a = ap[{r}]; " + " ".join(f"{acc[r][v]} += a * b{v};" for v in range(nv)) + " }")
     L.append("    }")
     L.append("  }")
-    store = _ukr(mr, nr)
-    L.append(store[store.index("  if (!acc && bias) {"):])
+    L.append(register_epilogue(mr, nr))
+    L.append("}")
     return "\n".join(L)
 
 

@@ -37,7 +37,8 @@ NC_BUDGET = 128               # columns of B packed at once (rounded down to a m
 NC_BIG = 512                  # ... when A is taller than MC and packed again per block of B: 512 KiB
 VARIANTS = ((8, 48), (8, 32), (16, 16))   # (MR, NR) micro-kernels on offer
 GEMV_ROWS = 7                 # ck_sgemv1 .. ck_sgemv7
-GEMV_VECS = {1: 8, 2: 8, 3: 8, 4: 6, 5: 4, 6: 4, 7: 3}
+GEMV_VECS = {1: 8, 2: 8, 3: 8, 4: 6, 5: 4, 6: 4, 7: 3}   # accumulators per row, AVX-512 (32 zmm)
+GEMV_SWEEP = 512   # columns of C a row sweep of B adds into (m x 2 KiB of L1), without AVX-512
 
 
 def mc_of(mr: int) -> int:
@@ -49,20 +50,81 @@ def nc_of(nr: int) -> int:
 
 
 def _ukr(mr: int, nr: int) -> str:
-    nv = nr // VW
-    acc = [[f"c{r}_{v}" for v in range(nv)] for r in range(mr)]
+    """C's MR x NR tile += Ap panel x Bp panel over kc. With AVX-512 the tile lives in 24 (8x48)
+    or 16 zmm accumulators; elsewhere (AVX2's 16 ymm registers would hold a third of it, and
+    GCC spilled accumulators on every k: 9.7 ms for a 64x256x768 GEMM on one core, 1.3 ms for a
+    naive loop) it is computed in sub-tiles that fit the registers (`_subtiles`)."""
     L = [f"CK_NOIPA static void ck_ukr_{mr}x{nr}(int64_t kc, const float* restrict Ap, const float* restrict Bp, "
          f"float* C, int64_t ldc, int mr, int nr, int acc, const float* restrict bias, int64_t off, int64_t cols, "
-         f"int64_t cstride) {{"]
+         f"int64_t cstride) {{",
+         "#ifdef __AVX512F__"]
+    acc = _accumulators(mr, nr)
     for r in range(mr):
         L.append("  ck_vf " + ", ".join(f"{a} = {{0}}" for a in acc[r]) + ";")
     L.append("  for (int64_t k = 0; k < kc; ++k) {")
-    for v in range(nv):
+    for v in range(nr // VW):
         L.append(f"    const ck_vf b{v} = *(const ck_vf*)(Bp + k * {nr} + {v * VW});")
     for r in range(mr):
-        L.append(f"    {{ const float a = Ap[k * {mr} + {r}]; " + " ".join(f"{acc[r][v]} += a * b{v};" for v in range(nv)) + " }")
+        L.append(f"    {{ const float a = Ap[k * {mr} + {r}]; " + " ".join(f"{acc[r][v]} += a * b{v};"
+                                                                           for v in range(nr // VW)) + " }")
     L.append("  }")
-    L.append("  if (!acc && bias) {")
+    L.append(register_epilogue(mr, nr))
+    L.append("#else")
+    L.append(f"  float t[{mr * nr}] __attribute__((aligned(64)));")
+    for r0, rows, c0, vecs in _subtiles(mr, nr):
+        L += _subtile(mr, nr, r0, rows, c0, vecs)
+    L += _tile_epilogue(mr, nr)
+    L.append("#endif")
+    L.append("}")
+    return "\n".join(L)
+
+
+def _accumulators(mr: int, nr: int) -> list[list[str]]:
+    return [[f"c{r}_{v}" for v in range(nr // VW)] for r in range(mr)]
+
+
+YMM_FLOATS = 8          # floats per AVX2 vector
+YMM_ACCUMULATORS = 12   # of the 16 ymm registers: the rest hold B's vectors and A's broadcast
+
+
+def _subtiles(mr: int, nr: int) -> list[tuple[int, int, int, int]]:
+    """(first row, rows, first column, vectors) of the sub-tiles an MR x NR tile is computed in
+    without AVX-512: each at most YMM_ACCUMULATORS accumulators, shaped for the most
+    multiply-adds per load (rows * vectors / (rows + vectors): BLIS's 6x16 on Haswell is 1.5)."""
+    vectors = nr // YMM_FLOATS
+    shapes = [(rows, v) for v in range(1, vectors + 1) if vectors % v == 0
+              for rows in range(1, mr + 1) if rows * v <= YMM_ACCUMULATORS]
+    rows, vecs = max(shapes, key=lambda s: (s[0] * s[1] / (s[0] + s[1]), s[0] * s[1]))
+    return [(r0, min(rows, mr - r0), c0, vecs)
+            for r0 in range(0, mr, rows) for c0 in range(0, nr, vecs * YMM_FLOATS)]
+
+
+def _subtile(mr: int, nr: int, r0: int, rows: int, c0: int, vecs: int) -> list[str]:
+    """C statements: rows r0.. and columns c0.. of the tile, accumulated in ymm vectors, into t."""
+    acc = [[f"s{r}_{v}" for v in range(vecs)] for r in range(rows)]
+    L = [f"  {{   /* rows {r0}..{r0 + rows - 1}, columns {c0}..{c0 + vecs * YMM_FLOATS - 1} */",
+         "    " + " ".join(f"ck_v8 {a} = {{0}};" for row in acc for a in row),
+         "    for (int64_t k = 0; k < kc; ++k) {"]
+    for v in range(vecs):
+        L.append(f"      const ck_v8 b{v} = *(const ck_v8u*)(Bp + k * {nr} + {c0 + v * YMM_FLOATS});")
+    for r in range(rows):
+        L.append(f"      {{ const float a = Ap[k * {mr} + {r0 + r}]; "
+                 + " ".join(f"{acc[r][v]} += a * b{v};" for v in range(vecs)) + " }")
+    L.append("    }")
+    for r in range(rows):
+        L.append("    " + " ".join(f"*(ck_v8*)(t + {(r0 + r) * nr + c0 + v * YMM_FLOATS}) = {acc[r][v]};"
+                                   for v in range(vecs)))
+    L.append("  }")
+    return L
+
+
+def register_epilogue(mr: int, nr: int) -> str:
+    """C statements after the k loop of a micro-kernel whose tile is in the accumulators
+    `_accumulators(mr, nr)`: the bias added (first block of K only), then the tile stored or
+    added into C (through a buffer where the tile is partial or runs on into the next images)."""
+    nv = nr // VW
+    acc = _accumulators(mr, nr)
+    L = ["  if (!acc && bias) {"]
     for r in range(mr):
         L.append(f"    {{ const float t = {r} < mr ? bias[{r}] : 0.0f; " + " ".join(f"{acc[r][v]} += t;" for v in range(nv)) + " }")
     L.append("  }")
@@ -79,19 +141,39 @@ def _ukr(mr: int, nr: int) -> str:
     L.append(f"    float t[{mr * nr}] __attribute__((aligned(64)));")
     for r in range(mr):
         L.append("    " + " ".join(f"*(ck_vf*)(t + {r * nr + v * VW}) = {acc[r][v]};" for v in range(nv)))
-    L.append("    /* column j is column off + j of the image row at C, which may run on into the next images */")
-    L.append("    for (int j0 = 0, img = 0, col = (int)off; j0 < nr; ) {")
-    L.append("      while (col >= cols) { col -= (int)cols; ++img; }")
-    L.append("      const int n = (int)CK_MIN(nr - j0, cols - col);")
-    L.append("      for (int r = 0; r < mr; ++r) {")
-    L.append("        float* c = C + r * ldc + img * cstride + col; const float* s = t + r * " + str(nr) + " + j0;")
-    L.append("        if (acc) { for (int j = 0; j < n; ++j) c[j] += s[j]; } else { for (int j = 0; j < n; ++j) c[j] = s[j]; }")
-    L.append("      }")
-    L.append("      j0 += n; col += n;")
-    L.append("    }")
+    L += _partial_store(nr)
     L.append("  }")
-    L.append("}")
     return "\n".join(L)
+
+
+def _tile_epilogue(mr: int, nr: int) -> list[str]:
+    """`register_epilogue` for a tile computed into the buffer t."""
+    return ["  if (!acc && bias)",
+            f"    for (int r = 0; r < mr; ++r) for (int j = 0; j < {nr}; ++j) t[r * {nr} + j] += bias[r];",
+            f"  if (mr == {mr} && nr == {nr} && off + {nr} <= cols) {{",
+            "    C += off;",
+            f"    for (int r = 0; r < {mr}; ++r) {{",
+            f"      float* c = C + r * ldc; const float* s = t + r * {nr};",
+            f"      if (acc) {{ for (int j = 0; j < {nr}; ++j) c[j] += s[j]; }} "
+            f"else {{ for (int j = 0; j < {nr}; ++j) c[j] = s[j]; }}",
+            "    }",
+            "  } else {",
+            *_partial_store(nr),
+            "  }"]
+
+
+def _partial_store(nr: int) -> list[str]:
+    """C statements: the tile in t (mr x nr of it) stored or added into C, column by column."""
+    return ["    /* column j is column off + j of the image row at C, which may run on into the next images */",
+            "    for (int j0 = 0, img = 0, col = (int)off; j0 < nr; ) {",
+            "      while (col >= cols) { col -= (int)cols; ++img; }",
+            "      const int n = (int)CK_MIN(nr - j0, cols - col);",
+            "      for (int r = 0; r < mr; ++r) {",
+            f"        float* c = C + r * ldc + img * cstride + col; const float* s = t + r * {nr} + j0;",
+            "        if (acc) { for (int j = 0; j < n; ++j) c[j] += s[j]; } else { for (int j = 0; j < n; ++j) c[j] = s[j]; }",
+            "      }",
+            "      j0 += n; col += n;",
+            "    }"]
 
 
 def _transpose_block(mr: int) -> list[str]:
@@ -215,7 +297,33 @@ CK_NOIPA static void ck_sgemm_{mr}x{nr}(int64_t M, int64_t N, int64_t K, const f
 
 
 def _gemv(m: int) -> str:
-    nv = GEMV_VECS[m]
+    return "\n".join(["#ifdef __AVX512F__", _gemv_blocks(m, GEMV_VECS[m]), "#else", _gemv_sweep(m), "#endif"])
+
+
+def _gemv_sweep(m: int) -> str:
+    """ck_sgemv<m> without AVX-512: B streamed a row at a time (contiguous: the prefetcher's
+    best case), each row times A's column added into m rows of GEMV_SWEEP accumulators kept in
+    L1. Reading B a column block at a time down all K rows (`_gemv_blocks`, with AVX-512) was
+    4-15x slower on a Zen 3 core (1x256 @ 256x1024: 115 us against 27; m = 7: 1155 against 87)."""
+    a = " ".join(f"const float a{r} = A[{r} * lda + k];" for r in range(m))
+    update = " ".join(f"acc[{r}][j] += a{r} * bj;" for r in range(m))
+    return f"""CK_NOIPA static void ck_sgemv{m}(int64_t K, const float* restrict A, int64_t lda, const float* restrict B, int64_t ldb,
+                       float* restrict C, int64_t ldc, int64_t n) {{
+  for (int64_t j0 = 0; j0 < n; j0 += {GEMV_SWEEP}) {{
+    const int64_t nb = CK_MIN({GEMV_SWEEP}, n - j0);
+    float acc[{m}][{GEMV_SWEEP}] __attribute__((aligned(64)));
+    for (int r = 0; r < {m}; ++r) for (int64_t j = 0; j < nb; ++j) acc[r][j] = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {{
+      const float* restrict b = B + k * ldb + j0;
+      {a}
+      for (int64_t j = 0; j < nb; ++j) {{ const float bj = b[j]; {update} }}
+    }}
+    for (int r = 0; r < {m}; ++r) for (int64_t j = 0; j < nb; ++j) C[r * ldc + j0 + j] = acc[r][j];
+  }}
+}}"""
+
+
+def _gemv_blocks(m: int, nv: int) -> str:
 
     def block(nvec: int) -> list[str]:
         acc = [[f"c{r}_{v}" for v in range(nvec)] for r in range(m)]
@@ -271,6 +379,8 @@ _HEADER = r"""
 typedef float ck_vf __attribute__((vector_size(64), aligned(64), may_alias));
 typedef float ck_vfu __attribute__((vector_size(64), aligned(4), may_alias));
 typedef int32_t ck_vi __attribute__((vector_size(64)));
+typedef float ck_v8 __attribute__((vector_size(32), aligned(32), may_alias));   /* one AVX2 register */
+typedef float ck_v8u __attribute__((vector_size(32), aligned(4), may_alias));
 static const ck_vi ck_zip_lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
 static const ck_vi ck_zip_hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 /* fills Bp[kc][NR] with rows k0.. and columns j0..j0+nr of B (zeros beyond nr) */
