@@ -80,6 +80,11 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
     else:
         lines.append(f"last call (its largest group): {schedule.lanes} instances; branches whose instances split: "
                      f"{schedule.branches}; loop iterations: {schedule.loop_steps}")
+        if schedule.loop_programs or schedule.stepped_loops:
+            lines.append(f"  runs of loops with every step in one native call (loop programs: lanes sorted by trip "
+                         f"count, the steps run by the native loop): {schedule.loop_programs}")
+            lines += [f"    loop at {where} ran step by step from Python: {why}"
+                      for where, why in schedule.stepped_loops.items()]
         for name, how in schedule.inspectors.items():
             lines.append(f"  @{name}: inspector " + ("compiled to C (one pass over every instance's calls)" if how == "native"
                                                      else f"run as torch ops, a round of calls at a time: {how}"))

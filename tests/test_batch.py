@@ -10,6 +10,7 @@ import cocktailer
 from cocktailer import models
 from cocktailer.batching import Techniques
 from cocktailer.data import chain_tree, perfect_tree, random_tree
+from cocktailer.models.throughput import BiRNN
 from cocktailer.models.tree import tree_inputs
 from cocktailer.runtime import find_compiler
 from test_tree_objects import BinaryTreeRNN, binary_tree, walk
@@ -387,7 +388,7 @@ def test_a_tree_index_out_of_range_is_named_and_nothing_is_returned():
 
 
 @pytest.mark.parametrize("off", ["levels", "gather_fusion", "parameter_reuse", "native_blocks", "native_inspector",
-                                 "level_programs", "level_loop"])
+                                 "level_programs", "level_loop", "loop_programs"])
 def test_each_technique_turned_off_gives_the_same_answers(off):
     """The ablation's configurations compute what the default does (only slower)."""
     techniques = Techniques(**{off: False})
@@ -397,6 +398,9 @@ def test_each_technique_turned_off_gives_the_same_answers(off):
     assert bool(batched.schedule.levels) == (off != "levels")
     assert_batch_matches(EarlyExit().eval(), [(randn(8, seed=k, scale=3.0), torch.tensor(t))
                                               for k, t in enumerate([0.0, 0.5, 0.7, 0.99])], techniques=techniques)
+    batched = assert_batch_matches(CountedLoop().eval(), [(randn(6, seed=k), torch.tensor(n))
+                                                          for k, n in enumerate([3, 0, 12])], techniques=techniques)
+    assert bool(batched.schedule.loop_programs) == (off != "loop_programs")
 
 
 def _call_tree(batched, instances, native: bool):
@@ -637,3 +641,58 @@ def test_the_native_level_loop_runs_each_group_at_its_own_rows_and_lane_count():
         loop.run([(0, 3, index), (3, 4, index), (4, 8, index)])
     torch.testing.assert_close(results[:4], table[kids[:4]] * 2)
     assert results[4:].isnan().all()
+
+
+class Lookahead(nn.Module):
+    """Steps of its own count, each reading row t + 1 of its own sequence (past its end at the
+    last step where the count is the sequence's length)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.Linear(3, 3)
+
+    def forward(self, xs, steps):
+        h = xs.new_zeros(3)
+        for t in range(steps):
+            h = torch.tanh(self.cell(xs[t + 1]) + h)
+        return h
+
+
+@native
+def test_counted_loops_run_every_step_in_one_native_call():
+    """A bidirectional RNN over sentences of 1 to 60 words (x[t] forward, x[-1 - t] backward,
+    each from the sentence's own end), and a loop of each instance's own count (0 among them):
+    each loop is one loop program, and every lane's result is its own."""
+    model = BiRNN(hidden=5).eval()
+    lengths = [7, 60, 2, 33, 60, 15, 3]
+    batched = assert_batch_matches(model, [(randn(n, 5, seed=k),) for k, n in enumerate(lengths)])
+    assert batched.schedule.loop_programs == 2 and not batched.schedule.stepped_loops
+    assert batched.schedule.loop_steps == 2 * 60
+    assert "every step in one native call (loop programs: " in cocktailer.explain(batched, file=None)
+    steps = [1, 60, 7, 0, 33, 60, 2, 15]
+    batched = assert_batch_matches(CountedLoop().eval(), [(randn(6, seed=k), torch.tensor(n))
+                                                          for k, n in enumerate(steps)])
+    assert batched.schedule.loop_programs == 1 and batched.schedule.loop_steps == 60
+
+
+@native
+def test_loop_programs_name_the_instances_that_index_past_their_own_rows():
+    model = Lookahead().eval()
+    instances = [(randn(n, 3, seed=k), torch.tensor(steps)) for k, (n, steps) in
+                 enumerate([(9, 8), (4, 4), (12, 3), (6, 6)])]
+    batched = assert_batch_matches(model, [instances[0], instances[2]])
+    assert batched.schedule.loop_programs == 1
+    with pytest.raises(cocktailer.BatchInputError, match="instance 1: IndexError") as e:
+        with torch.no_grad():
+            batched(instances)
+    assert e.value.positions == [1, 3]
+
+
+@native
+def test_a_loop_program_stops_at_max_iterations():
+    batched = cocktailer.batch(CountedLoop().eval(), (randn(6, seed=0), torch.tensor(3)), max_iterations=10)
+    with torch.no_grad():
+        batched([(randn(6, seed=0), torch.tensor(10)), (randn(6, seed=1), torch.tensor(4))])
+        assert batched.schedule.loop_programs == 1
+        with pytest.raises(cocktailer.BatchInputError, match=r"instance 1: .*max_iterations option allows \(10\)"):
+            batched([(randn(6, seed=0), torch.tensor(4)), (randn(6, seed=1), torch.tensor(11))])

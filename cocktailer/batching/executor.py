@@ -29,6 +29,7 @@ from cocktailer.backend.batched import build_blocks
 from cocktailer.batching.blocks import Block, batched_program, lane_varying, run_block, segments
 from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect
 from cocktailer.batching.levels import LevelProgram, level_inputs, level_program, run_level_loop
+from cocktailer.batching.loops import LoopProgram, loop_program, run_loop_program
 from cocktailer.batching.lanes import CALLS, CHECKED, HIDDEN, RULES, SIZES, Lanes, apply, matmul_per_lane, rows, take
 from cocktailer.batching.ragged import constant_indices, masked, ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
@@ -55,6 +56,8 @@ class Techniques:
     native_inspector: bool = True  # call trees found by the control slice compiled to C (else run as torch ops)
     level_programs: bool = True    # a level's calls that take the same arms as one native call (else op by op)
     level_loop: bool = True        # a recursion's level programs called by one native loop (else from Python)
+    loop_programs: bool = True     # a counted loop with a straight-line body, every step, as one native call
+    #                                (else Python runs each step)
 
 
 @dataclass
@@ -70,6 +73,8 @@ class Schedule:
     level_groups: dict = field(default_factory=dict)  # function -> [groups run as level programs, groups run op by op]
     level_loops: dict = field(default_factory=dict)   # function -> calls of the native level loop (each runs a
     #                                                   run of groups with level programs)
+    loop_programs: int = 0     # runs of loops whose steps all ran as one native call
+    stepped_loops: dict = field(default_factory=dict)   # where a loop ran step by step from Python -> why
 
 
 class Workspace:
@@ -104,6 +109,8 @@ class BatchedExecutor:
         self._plans: dict[str, LevelPlan | str | None] = {}
         self._inspectors: dict[str, NativeInspector | str] = {}   # function -> its native inspector, or why none
         self._levels: dict[tuple, LevelProgram | str] = {}   # (function, path) -> its level program, or why none
+        self._loops: dict[int, LoopProgram | str] = {}   # id(loop op) -> its loop program, or why none
+        self._varying: set[int] | None = None   # the ids of the values that may differ by lane (lane_varying)
         self._outside: dict[int, list[int]] = {}   # id(region) -> the ids of the values it reads from outside
         self.sizes: dict = {}   # the sizes every lane of this call shares
         self._padded_sizes: dict = {}   # those and the largest lane's of the others (created tensors are padded)
@@ -122,8 +129,14 @@ class BatchedExecutor:
         if techniques.native_blocks and self._native:
             self._build_blocks()
 
+    @property
+    def varying(self) -> set[int]:
+        if self._varying is None:
+            self._varying = lane_varying(self.program, set(self.ragged))
+        return self._varying
+
     def _build_blocks(self):
-        varying = lane_varying(self.program, set(self.ragged))
+        varying = self.varying
         users = {vid: ops for fn in self.program.functions.values() for vid, ops in value_users(fn).items()}
         for fn in self.program.functions.values():
             for region in fn.body.regions():
@@ -392,9 +405,13 @@ class BatchedExecutor:
 
     def _run_loop(self, op: Operation, env: dict, count: int) -> list:
         """Runs while any lane is in the loop. A lane whose trip count or condition ends it
-        leaves: its carried values are kept aside, and the others run on without it."""
+        leaves: its carried values are kept aside, and the others run on without it. A loop
+        with a loop program runs all its steps in one native call (`loops.py`)."""
         trip = env[op.loop_trip.id] if op.loop_trip is not None else None
         trips = trip.rows() if isinstance(trip, Lanes) else None
+        loop = self._loop_program(op)
+        if isinstance(loop, LoopProgram):
+            return self._run_loop_program(loop, op, env, count, trip)
         stacked_count = op.loop_stacked
         carried = [env[v.id] for v in op.loop_inits]
         finals: list = [None] * len(carried)   # rows of lanes that left the loop, in lane order
@@ -439,6 +456,38 @@ class BatchedExecutor:
             outs = [_keep(f, c, lanes, torch.arange(len(lanes)), count) for f, c in zip(finals, carried)]
         return outs + [self._stack([(lanes, s[j]) for lanes, s in steps], r, count)
                        for j, r in enumerate(op.results[len(outs):])]
+
+    def _run_loop_program(self, loop: LoopProgram, op: Operation, env: dict, count: int, trip) -> list:
+        trips = trip.rows() if isinstance(trip, Lanes) else trip.reshape(1).expand(count)
+        steps = int(trips.max())
+        if self.max_iterations is not None and steps > self.max_iterations:
+            raise CompiledCallError(f"{ITERATIONS_EXCEEDED} ({self.max_iterations})")
+        sizes = env[SIZES].rows() if SIZES in env else None
+        outs = run_loop_program(loop, env, count, trips.to(torch.int64), [env[v.id] for v in op.loop_inits], sizes,
+                                self._table)
+        self.schedule.loop_programs += 1
+        self.schedule.loop_steps += max(steps, 0)
+        return outs
+
+    def _loop_program(self, op: Operation) -> LoopProgram | str:
+        key = id(op)
+        if key not in self._loops:
+            if not self.techniques.loop_programs:
+                self._loops[key] = "loop programs are turned off"
+            elif not self._native:
+                self._loops[key] = "no C compiler, or the instances are not on the CPU"
+            else:
+                try:
+                    loop = loop_program(op, self.program, self.ragged, self.varying)
+                except NotImplementedError as e:
+                    self._loops[key] = str(e)
+                else:
+                    (loop.level.compiled,), notes = build_blocks([loop.level.program])
+                    self._loops[key] = loop if loop.level.compiled is not None else notes[0]
+        found = self._loops[key]
+        if isinstance(found, str):
+            self.schedule.stepped_loops[_where(op)] = found
+        return found
 
     def _stack(self, steps: list[tuple], result, count: int):
         """A stacked loop output from its per-iteration values. Where lanes left the loop at
@@ -575,6 +624,11 @@ def _fill_padding(x: torch.Tensor, dim: int, sizes: torch.Tensor, fill) -> Lanes
     shape[dim + 1] = x.shape[dim + 1]
     outside = torch.arange(x.shape[dim + 1], device=x.device)[None, :] >= sizes[:, None]
     return Lanes(x.masked_fill(outside.view(shape), fill))
+
+
+def _where(op: Operation) -> str:
+    """An op's place in the user's source, for explain."""
+    return str(op.loc) if op.loc is not None else f"loop %{op.results[0].id if op.results else '?'}"
 
 
 def _count(active, count: int) -> int:

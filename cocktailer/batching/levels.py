@@ -57,7 +57,9 @@ def level_program(plan: LevelPlan, program: Program, path: int, branches: tuple[
     """The program of the calls of `plan` whose slice branches took the arms `path` (bit b: the
     first arm of branches[b])."""
     taken = {op_id: bool(path >> b & 1) for b, op_id in enumerate(branches)}
-    return _Builder(plan, program, taken, ragged).build()
+    fn = plan.function
+    outer = {p.id: ("stacked" if through else "arg", j) for j, (p, through) in enumerate(zip(fn.params, plan.passthrough))}
+    return Straight(fn.body, program, ragged, outer, sites=plan.sites, control=plan.control, taken=taken).build()
 
 
 def level_inputs(level: LevelProgram, stacked: list, tree, start: int, end: int, tables: list,
@@ -104,11 +106,19 @@ def run_level_loop(run: list[tuple[int, int, LevelProgram]], stacked: list, tree
         raise IndexError("an index is out of range for its instance's own size")
 
 
-class _Builder:
-    def __init__(self, plan: LevelPlan, program: Program, taken: dict, ragged: list):
-        self.plan, self.program, self.taken, self.ragged = plan, program, taken, ragged
-        self.fn: Function = plan.function
-        self.param_index = {p.id: j for j, p in enumerate(self.fn.params)}
+class Straight:
+    """A region as one straight line of ops over `LANES` lanes (a level's calls, a loop's
+    lanes), with no branch left. `outer` says how each value the region reads from outside
+    enters, by id: ("arg", j), one row per lane; ("stacked", j), each lane's instance's row of
+    a tensor of one row per instance (`root` maps lanes to instances), read whole or, where the
+    region indexes it, one row of it (a table); ("shared", j), the same for every lane. `sites`:
+    the self-calls whose results come from the tables of the levels below; `control`: the ops
+    whose indices an inspector already checked; `taken`: the arm each branch takes, by id."""
+
+    def __init__(self, body: Region, program: Program, ragged: list, outer: dict[int, tuple], *,
+                 sites: tuple = (), control: frozenset = frozenset(), taken: dict | None = None):
+        self.body, self.program, self.ragged, self.outer = body, program, ragged, outer
+        self.sites, self.control, self.taken = sites, control, taken or {}
         self.rename: dict[int, Value] = {}
         self.lane: set[int] = set()   # ids of new values with a lane dim in front
         self.params: list[Value] = []
@@ -117,11 +127,11 @@ class _Builder:
         self.bad: Value | None = None   # any index outside its instance's size so far
 
     def build(self) -> LevelProgram:
-        for ty in self.fn.result_types:
-            if ty.syms:
+        for y in self.body.yields:
+            if y.type.syms:
                 raise NotImplementedError("a result's size is known only per call")
-        self.region(self.fn.body)
-        yields = [self.lanes(self.value(y)) for y in self.fn.body.yields]
+        self.region(self.body)
+        yields = [self.lanes(self.value(y)) for y in self.body.yields]
         if self.bad is not None:
             yields.append(self.bad)
         main = Function("main", Region(self.params, self.ops, yields))
@@ -144,17 +154,21 @@ class _Builder:
     def value(self, v: Value) -> Value:
         if v.id in self.rename:
             return self.rename[v.id]
-        j = self.param_index.get(v.id)
-        if j is None:
-            raise NotImplementedError("the body reads a value from outside the function")
-        if self.plan.passthrough[j]:   # used whole: each call's instance's row
+        kind, j = self.outer.get(v.id, (None, None))
+        if kind is None:
+            raise NotImplementedError("the body reads a value from outside it")
+        if kind == "stacked":   # used whole: each lane's instance's row
             if v.type.syms:
-                raise NotImplementedError(f"parameter {j}, the same in every call, is used whole and its size "
-                                          "differs by instance")
+                raise NotImplementedError(f"value {j} from outside, each instance's own, is used whole and its "
+                                          "size differs by instance")
             root = self.input(("root",), TensorType((LANES,), torch.int64), lane=True)
             stacked = self.input(("whole", j), TensorType((INSTANCES_SYM, *v.type.shape), v.type.dtype))
             self.rename[v.id] = self.emit(Op.GATHER, [stacked, root], _over_lanes(v.type), True, dim=0)
             return self.rename[v.id]
+        if kind == "shared":
+            if v.type.syms:
+                raise NotImplementedError(f"value {j} from outside, the same in every lane, has a symbolic size")
+            return self.input(("shared", j), v.type)
         return self.input(("arg", j), _over_lanes(v.type), lane=True)
 
     def emit(self, kind: Op, operands: list[Value], ty: TensorType, lane: bool, **attrs) -> Value:
@@ -184,7 +198,7 @@ class _Builder:
             return self.call(op)
         if kind in CONTROL:
             raise NotImplementedError(f"the body holds a {kind.name.lower()}")
-        if kind is Op.SELECT and self.param_index.get(op.operands[0].id) is not None:
+        if kind is Op.SELECT and self.outer.get(op.operands[0].id, ("",))[0] == "stacked":
             return self.read_table(op)
         if kind is Op.DIM:
             raise NotImplementedError("the body reads a size")
@@ -236,20 +250,20 @@ class _Builder:
             self.rename[r.id] = self.value(y)
 
     def call(self, op: Operation):
-        if op not in self.plan.sites:
+        if op not in self.sites:
             raise NotImplementedError("the body calls another function")
-        kids = self.input(("kids", self.plan.sites.index(op)), TensorType((LANES,), torch.int64), lane=True)
+        kids = self.input(("kids", self.sites.index(op)), TensorType((LANES,), torch.int64), lane=True)
         for k, r in enumerate(op.results):
             table = self.input(("results", k), TensorType((CALLS_SYM, *r.type.shape), r.type.dtype))
             self.rename[r.id] = self.emit(Op.GATHER, [table, kids], _over_lanes(r.type), True, dim=0)
 
     def read_table(self, op: Operation):
-        """`table[i]` of a table every call hands on: row root * rows + i of the stacked tables."""
+        """`table[i]` of a table each lane's instance has: row root * rows + i of the stacked tables."""
         table = op.operands[0]
-        j = self.param_index[table.id]
+        _, j = self.outer[table.id]
         key = op.attrs["key"]
-        if not self.plan.passthrough[j] or len(key) != 1 or key[0][0] not in ("dyn", "int"):
-            raise NotImplementedError("the body indexes a parameter other than one row of a table")
+        if len(key) != 1 or key[0][0] not in ("dyn", "int"):
+            raise NotImplementedError("the body indexes a value from outside other than by one row of a table")
         i64 = TensorType((), torch.int64)
         index = (self.value(op.operands[1]) if key[0][0] == "dyn"
                  else self.emit(Op.SCALAR, [], i64, False, value=int(key[0][1]), dtype=torch.int64))
@@ -263,7 +277,7 @@ class _Builder:
             column = self.ragged.index(table.type.shape[0])
             sizes = self.input(("sizes", column), TensorType((INSTANCES_SYM,), torch.int64))
             size = self.emit(Op.GATHER, [sizes, root], TensorType((LANES,), torch.int64), True, dim=0)
-        index = self.own_index(index, size, check=id(op) not in self.plan.control)
+        index = self.own_index(index, size, check=id(op) not in self.control)
         lanes = TensorType((LANES,), torch.int64)
         flat = self.emit(Op.ADD, [self.emit(Op.MUL, [root, rows], lanes, True), index], lanes, True)
         stacked = self.input(("table", j), TensorType((Sym(f"table{j}", hint=11), *table.type.shape[1:]),

@@ -1,0 +1,110 @@
+"""Loop programs: a counted loop, every step for every lane, as one call of native code.
+
+A loop whose trip count is known when it starts (`for t in range(n)`, n of each lane's own)
+and whose body is a straight line (no branch, loop or call inside: `levels.Straight`) runs as
+the body's program over `LANES` lanes, called once per step by the native level loop
+(`codegen.level_loop`) instead of by Python one step at a time (the Cocktailer part: the
+loop's control flow inside the compiled code; the shrinking active set is ACROBAT's):
+
+- the lanes are sorted by trip count, longest first, so that the lanes still in the loop at
+  step t are the first n_t of them: step t is the group of rows t*L .. t*L + n_t (L lanes);
+- each carried value lives in a table of T+1 blocks of L rows: step t reads block t and writes
+  block t+1, found by offsetting row pointers, so nothing is prepared per step. A lane's final
+  value is in block `trip` of its row, which no later step writes (later steps run fewer lanes);
+- the counter is an input of one row per lane: block t of it holds t in every row;
+- what the body reads from outside the loop: a value the same for every lane as it is (a
+  weight); a value of one row per lane either whole (each lane's row gathered through the sort)
+  or, where the body indexes it (`x[t]`), one row of it read in the kernel (the gather fused),
+  counted from the lane's own end when negative and checked against the lane's own size.
+
+A loop this cannot hold (it ends on a condition, stacks per-step values, has control flow
+inside) runs step by step in the executor, as before.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cocktailer.backend.batched import LevelRun
+from cocktailer.batching.blocks import LANES
+from cocktailer.batching.lanes import Lanes, rows
+from cocktailer.batching.levels import LevelProgram, Straight
+from cocktailer.ir import Operation, Program, Value
+
+
+@dataclass
+class LoopProgram:
+    level: LevelProgram     # the body over LANES lanes, built and compiled
+    outside: list[Value]    # the values the body reads from outside the loop (`("whole" | "table" | "shared", j)`)
+
+
+def loop_program(op: Operation, program: Program, ragged: list, varying: set[int]) -> LoopProgram:
+    """The loop program of `op` (not yet compiled). Raises NotImplementedError (why) where the
+    loop has none. `varying`: the ids of the values that may differ by lane."""
+    if op.loop_cond is not None:
+        raise NotImplementedError("the loop ends on a condition, not a count")
+    if op.loop_stacked:
+        raise NotImplementedError("the loop stacks a value of every step")
+    body = op.loop_body
+    outer = {p.id: ("arg", k) for k, p in enumerate(body.params)}   # the counter, then the carried values
+    outside = body.outside_reads()
+    outer.update({v.id: ("stacked" if v.id in varying else "shared", j) for j, v in enumerate(outside)})
+    straight = Straight(body, program, ragged, outer)
+    for p in body.params:   # first, so that the lane count is read from a per-step input
+        straight.value(p)
+    level = straight.build()
+    lanes_from = next(position for sym, position, _ in level.program.sizes if sym == LANES)
+    assert level.inputs[lanes_from][0] == "arg"
+    return LoopProgram(level, outside)
+
+
+def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor, carried: list,
+                     per_lane_sizes: torch.Tensor | None, table) -> list:
+    """The loop's carried values when every lane has run its own trip count (`trips`, one per
+    lane), starting from `carried`; `table(shape, dtype)` gives uninitialized memory for the
+    carried values' tables. Raises IndexError where an index fell outside its lane's size."""
+    steps = int(trips.max()) if count else 0
+    if steps <= 0:
+        return carried
+    order = torch.argsort(trips, descending=True, stable=True)   # slot -> lane
+    slot = torch.empty_like(order)
+    slot[order] = torch.arange(count)
+    still_in = count - torch.cumsum(torch.bincount(trips.clamp(min=0), minlength=steps + 1), 0)[:steps]
+    tables = []
+    for value, param in zip(carried, loop.level.program.main.params[1:len(carried) + 1]):
+        t = table(((steps + 1) * count, *param.type.shape[1:]), param.type.dtype)
+        torch.index_select(rows(value, count), 0, order, out=t[:count])
+        tables.append(t)
+    inputs, per_step = _inputs(loop, env, count, steps, order, tables, per_lane_sizes)
+    run = LevelRun()
+    run.add(loop.level.compiled, inputs, per_step, count, [t[count:] for t in tables], loop.level.checks)
+    groups = [(t * count, t * count + n, 0) for t, n in enumerate(still_in.tolist())]
+    if run.run(groups) is not None:
+        raise IndexError("an index is out of range for its instance's own size")
+    final = trips.clamp(min=0) * count + slot
+    return [Lanes(t.index_select(0, final)) for t in tables]
+
+
+def _inputs(loop: LoopProgram, env: dict, count: int, steps: int, order: torch.Tensor, tables: list,
+            per_lane_sizes) -> tuple[list, list[bool]]:
+    """The tensors for the loop program's parameters, and which of them advance a block of
+    rows per step (the counter, the carried values)."""
+    out, per_step = [], []
+    for kind, *which in loop.level.inputs:
+        per_step.append(kind == "arg")
+        if kind == "arg":
+            out.append(torch.arange(steps).repeat_interleave(count) if which[0] == 0 else tables[which[0] - 1])
+        elif kind == "root":
+            out.append(order)
+        elif kind == "sizes":
+            out.append(per_lane_sizes[:, which[0]].contiguous())
+        else:
+            value = env[loop.outside[which[0]].id]
+            if kind == "shared":
+                out.append(value)
+            else:
+                stacked = rows(value, count).contiguous()
+                out.append(torch.tensor(stacked.shape[1]) if kind == "rows" else
+                           stacked.view(-1, *stacked.shape[2:]) if kind == "table" else stacked)
+    return out, per_step
