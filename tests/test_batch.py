@@ -225,6 +225,7 @@ def test_sequences_of_different_lengths_share_one_program():
     # one program for every length; length 1 (like 0) is always compiled apart (api's size rules)
     assert len(batched.single.cache) == 2
     assert batched.schedule.lanes == 5, "every length but 1 in one batch, each padded to the longest"
+    assert batched.schedule.loop_programs == 1, "the loop and the outputs it stacks, in one native call"
 
 
 class RunningSums(nn.Module):
@@ -401,6 +402,8 @@ def test_each_technique_turned_off_gives_the_same_answers(off):
     batched = assert_batch_matches(CountedLoop().eval(), [(randn(6, seed=k), torch.tensor(n))
                                                           for k, n in enumerate([3, 0, 12])], techniques=techniques)
     assert bool(batched.schedule.loop_programs) == (off != "loop_programs")
+    assert_batch_matches(SequenceRNN().eval(), [(randn(n, 3, seed=k),) for k, n in enumerate([4, 9, 2])],
+                         techniques=techniques)
 
 
 def _call_tree(batched, instances, native: bool):

@@ -12,13 +12,16 @@ loop's control flow inside the compiled code; the shrinking active set is ACROBA
   block t+1, found by offsetting row pointers, so nothing is prepared per step. A lane's final
   value is in block `trip` of its row, which no later step writes (later steps run fewer lanes);
 - the counter is an input of one row per lane: block t of it holds t in every row;
+- a value stacked from every step (`outs.append(h)` ... `torch.stack(outs)`) lives in a table of
+  T blocks of L rows, step t writing block t; each lane's rows past its own trip count are zeros
+  (padding, as when the executor steps the loop);
 - what the body reads from outside the loop: a value the same for every lane as it is (a
   weight); a value of one row per lane either whole (each lane's row gathered through the sort)
   or, where the body indexes it (`x[t]`), one row of it read in the kernel (the gather fused),
   counted from the lane's own end when negative and checked against the lane's own size.
 
-A loop this cannot hold (it ends on a condition, stacks per-step values, has control flow
-inside) runs step by step in the executor, as before.
+A loop this cannot hold (it ends on a condition, has control flow inside) runs step by step in
+the executor, as before.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from cocktailer.ir import Operation, Program, Value
 class LoopProgram:
     level: LevelProgram     # the body over LANES lanes, built and compiled
     outside: list[Value]    # the values the body reads from outside the loop (`("whole" | "table" | "shared", j)`)
+    stacked: int            # how many of its yields, after the carried values, are stacked from every step
 
 
 def loop_program(op: Operation, program: Program, ragged: list, varying: set[int]) -> LoopProgram:
@@ -44,8 +48,6 @@ def loop_program(op: Operation, program: Program, ragged: list, varying: set[int
     loop has none. `varying`: the ids of the values that may differ by lane."""
     if op.loop_cond is not None:
         raise NotImplementedError("the loop ends on a condition, not a count")
-    if op.loop_stacked:
-        raise NotImplementedError("the loop stacks a value of every step")
     body = op.loop_body
     outer = {p.id: ("arg", k) for k, p in enumerate(body.params)}   # the counter, then the carried values
     outside = body.outside_reads()
@@ -56,17 +58,19 @@ def loop_program(op: Operation, program: Program, ragged: list, varying: set[int
     level = straight.build()
     lanes_from = next(position for sym, position, _ in level.program.sizes if sym == LANES)
     assert level.inputs[lanes_from][0] == "arg"
-    return LoopProgram(level, outside)
+    return LoopProgram(level, outside, op.loop_stacked)
 
 
 def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor, carried: list,
                      per_lane_sizes: torch.Tensor | None, table) -> list:
-    """The loop's carried values when every lane has run its own trip count (`trips`, one per
-    lane), starting from `carried`; `table(shape, dtype)` gives uninitialized memory for the
-    carried values' tables. Raises IndexError where an index fell outside its lane's size."""
+    """The loop's results (its carried values, then its stacked ones) when every lane has run
+    its own trip count (`trips`, one per lane), starting from `carried`; `table(shape, dtype)`
+    gives uninitialized memory for the tables. Raises IndexError where an index fell outside
+    its lane's size."""
     steps = int(trips.max()) if count else 0
+    stacked_types = [y.type for y in loop.level.program.main.body.yields[len(carried):len(carried) + loop.stacked]]
     if steps <= 0:
-        return carried
+        return carried + [Lanes(torch.empty((count, 0, *ty.shape[1:]), dtype=ty.dtype)) for ty in stacked_types]
     order = torch.argsort(trips, descending=True, stable=True)   # slot -> lane
     slot = torch.empty_like(order)
     slot[order] = torch.arange(count)
@@ -76,14 +80,24 @@ def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tens
         t = table(((steps + 1) * count, *param.type.shape[1:]), param.type.dtype)
         torch.index_select(rows(value, count), 0, order, out=t[:count])
         tables.append(t)
-    inputs, per_step = _inputs(loop, env, count, steps, order, tables, per_lane_sizes)
+    per_step = [table((steps * count, *ty.shape[1:]), ty.dtype) for ty in stacked_types]
+    inputs, advancing = _inputs(loop, env, count, steps, order, tables, per_lane_sizes)
     run = LevelRun()
-    run.add(loop.level.compiled, inputs, per_step, count, [t[count:] for t in tables], loop.level.checks)
+    run.add(loop.level.compiled, inputs, advancing, count, [t[count:] for t in tables] + per_step, loop.level.checks)
     groups = [(t * count, t * count + n, 0) for t, n in enumerate(still_in.tolist())]
     if run.run(groups) is not None:
         raise IndexError("an index is out of range for its instance's own size")
     final = trips.clamp(min=0) * count + slot
-    return [Lanes(t.index_select(0, final)) for t in tables]
+    return [Lanes(t.index_select(0, final)) for t in tables] + [_by_lane(t, steps, count, slot, trips)
+                                                                 for t in per_step]
+
+
+def _by_lane(table: torch.Tensor, steps: int, count: int, slot: torch.Tensor, trips: torch.Tensor) -> Lanes:
+    """A stacked value's table (a block of rows per step, in slot order) as one row per lane of
+    every step's values, zeros past the lane's own trip count (rows no step wrote)."""
+    out = table.view(steps, count, *table.shape[1:]).index_select(1, slot).movedim(1, 0)
+    past = torch.arange(steps)[None, :] >= trips[:, None]
+    return Lanes(out.masked_fill(past.view(count, steps, *[1] * (out.dim() - 2)), 0))
 
 
 def _inputs(loop: LoopProgram, env: dict, count: int, steps: int, order: torch.Tensor, tables: list,
