@@ -699,3 +699,22 @@ def test_a_loop_program_stops_at_max_iterations():
         assert batched.schedule.loop_programs == 1
         with pytest.raises(cocktailer.BatchInputError, match=r"instance 1: .*max_iterations option allows \(10\)"):
             batched([(randn(6, seed=0), torch.tensor(4)), (randn(6, seed=1), torch.tensor(11))])
+
+
+@native
+def test_weights_moved_out_of_loops_are_constants_of_the_native_code():
+    """Loop-invariant code motion moves a cell's weights out of its loop; inside a loop program
+    or a native block of a loop stepped from Python they are read as constants of the program
+    (packed for the GEMM once, when it loads), not as inputs (packed again at every call)."""
+    from cocktailer.batching.blocks import Block
+    from cocktailer.ir import Op
+    batched = assert_batch_matches(BiRNN(hidden=5).eval(), [(randn(n, 5, seed=k),) for k, n in enumerate([3, 9])])
+    (executor,) = batched._executors.values()
+    loops = list(executor._loops.values())
+    assert len(loops) == 2 and all(kind != "shared" for loop in loops for kind, *_ in loop.level.inputs)
+    instances = [(randn(4, seed=k), torch.tensor(float(limit))) for k, limit in enumerate([3, 40])]
+    batched = assert_batch_matches(UntilThreshold().eval(), instances)
+    (executor,) = batched._executors.values()
+    blocks = [b for segs in executor._segments.values() for b in segs if isinstance(b, Block)]
+    reads = [executor.producers.get(v.id) for b in blocks for v in b.inputs]
+    assert blocks and not any(op is not None and op.op in (Op.CONST, Op.SCALAR) for op in reads)

@@ -70,15 +70,16 @@ def _varying_results(op: Operation, varying: set[int], ragged: set) -> set[int]:
     return {r.id for r in op.results} if any(v.id in varying for v in op.operands) else set()
 
 
-def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragged: set) -> list:
+def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragged: set,
+             producers: dict[int, Operation]) -> list:
     """The region's ops, maximal runs of two or more batchable data ops grouped into Blocks.
     `ragged`: the sizes that may differ by lane (an op that needs each lane's own, to mask
-    padding or check an index, runs in the executor)."""
+    padding or check an index, runs in the executor); `producers`: the op defining each value."""
     out, run = [], []
 
     def close():
         if len(run) >= 2:
-            out.append(_block(list(run), varying, users))
+            out.append(_block(list(run), varying, users, producers))
         else:
             out.extend(run)
         run.clear()
@@ -93,11 +94,25 @@ def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragg
     return out
 
 
-def _block(ops: list[Operation], varying: set[int], users: dict[int, set[int]]) -> Block:
-    inside = {id(o) for o in ops}
+def constant_source(v: Value, producers: dict[int, Operation]) -> Operation | None:
+    """The op that makes `v` from nothing (a weight, a literal), if one does. Loop-invariant code
+    motion moves these out of loops; native code made of a loop's body defines them again itself,
+    so that a weight is packed for the GEMM once, when the program loads, not at every call."""
+    op = producers.get(v.id)
+    return op if op is not None and op.op in (Op.CONST, Op.SCALAR) else None
+
+
+def _block(ops: list[Operation], varying: set[int], users: dict[int, set[int]],
+           producers: dict[int, Operation]) -> Block:
+    """A block of `ops`, with the constants it reads from other regions (`constant_source`)."""
     defined = {r.id for o in ops for r in o.results}
+    weights = list({v.id: constant_source(v, producers) for o in ops for v in o.operands
+                    if v.id not in defined and constant_source(v, producers)}.values())
+    ops = weights + ops
+    inside = {id(o) for o in ops}
+    defined |= {w.results[0].id for w in weights}
     inputs = list({v.id: v for o in ops for v in o.operands if v.id not in defined}.values())
-    outputs = [r for o in ops for r in o.results if users.get(r.id, set()) - inside]
+    outputs = [r for o in ops[len(weights):] for r in o.results if users.get(r.id, set()) - inside]
     return Block(ops, inputs, outputs, [v.id in varying for v in inputs], [v.id in varying for v in outputs])
 
 

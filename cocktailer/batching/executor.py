@@ -111,6 +111,7 @@ class BatchedExecutor:
         self._levels: dict[tuple, LevelProgram | str] = {}   # (function, path) -> its level program, or why none
         self._loops: dict[int, LoopProgram | str] = {}   # id(loop op) -> its loop program, or why none
         self._varying: set[int] | None = None   # the ids of the values that may differ by lane (lane_varying)
+        self._producers: dict[int, Operation] | None = None
         self._outside: dict[int, list[int]] = {}   # id(region) -> the ids of the values it reads from outside
         self.sizes: dict = {}   # the sizes every lane of this call shares
         self._padded_sizes: dict = {}   # those and the largest lane's of the others (created tensors are padded)
@@ -130,6 +131,13 @@ class BatchedExecutor:
             self._build_blocks()
 
     @property
+    def producers(self) -> dict[int, Operation]:
+        """The op that defines each value, by id."""
+        if self._producers is None:
+            self._producers = {r.id: op for op in self.program.walk() for r in op.results}
+        return self._producers
+
+    @property
     def varying(self) -> set[int]:
         if self._varying is None:
             self._varying = lane_varying(self.program, set(self.ragged))
@@ -140,7 +148,7 @@ class BatchedExecutor:
         users = {vid: ops for fn in self.program.functions.values() for vid, ops in value_users(fn).items()}
         for fn in self.program.functions.values():
             for region in fn.body.regions():
-                self._segments[id(region)] = segments(region, varying, users, set(self.ragged))
+                self._segments[id(region)] = segments(region, varying, users, set(self.ragged), self.producers)
         blocks = [b for segs in self._segments.values() for b in segs if isinstance(b, Block)]
         compiled, self.block_notes = build_blocks([batched_program(b, self.program) for b in blocks])
         for block, entry in zip(blocks, compiled):
@@ -478,7 +486,7 @@ class BatchedExecutor:
                 self._loops[key] = "no C compiler, or the instances are not on the CPU"
             else:
                 try:
-                    loop = loop_program(op, self.program, self.ragged, self.varying)
+                    loop = loop_program(op, self.program, self.ragged, self.varying, self.producers)
                 except NotImplementedError as e:
                     self._loops[key] = str(e)
                 else:

@@ -111,7 +111,8 @@ class Straight:
     lanes), with no branch left. `outer` says how each value the region reads from outside
     enters, by id: ("arg", j), one row per lane; ("stacked", j), each lane's instance's row of
     a tensor of one row per instance (`root` maps lanes to instances), read whole or, where the
-    region indexes it, one row of it (a table); ("shared", j), the same for every lane. `sites`:
+    region indexes it, one row of it (a table); ("shared", j), the same for every lane;
+    ("const", op), made by `op` (a CONST or SCALAR: made again inside, as the region's own). `sites`:
     the self-calls whose results come from the tables of the levels below; `control`: the ops
     whose indices an inspector already checked; `taken`: the arm each branch takes, by id."""
 
@@ -164,6 +165,9 @@ class Straight:
             root = self.input(("root",), TensorType((LANES,), torch.int64), lane=True)
             stacked = self.input(("whole", j), TensorType((INSTANCES_SYM, *v.type.shape), v.type.dtype))
             self.rename[v.id] = self.emit(Op.GATHER, [stacked, root], _over_lanes(v.type), True, dim=0)
+            return self.rename[v.id]
+        if kind == "const":   # a weight or a literal, made again here as the body's own are
+            self.rename[v.id] = self.emit(j.op, [], v.type, False, **j.attrs)
             return self.rename[v.id]
         if kind == "shared":
             if v.type.syms:

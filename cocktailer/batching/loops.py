@@ -15,8 +15,9 @@ loop's control flow inside the compiled code; the shrinking active set is ACROBA
 - a value stacked from every step (`outs.append(h)` ... `torch.stack(outs)`) lives in a table of
   T blocks of L rows, step t writing block t; each lane's rows past its own trip count are zeros
   (padding, as when the executor steps the loop);
-- what the body reads from outside the loop: a value the same for every lane as it is (a
-  weight); a value of one row per lane either whole (each lane's row gathered through the sort)
+- what the body reads from outside the loop: a weight or literal defined again inside (packed
+  once, when the program loads: `blocks.constant_source`); another value the same for every
+  lane as it is; a value of one row per lane either whole (each lane's row gathered through the sort)
   or, where the body indexes it (`x[t]`), one row of it read in the kernel (the gather fused),
   counted from the lane's own end when negative and checked against the lane's own size.
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from cocktailer.backend.batched import LevelRun
-from cocktailer.batching.blocks import LANES
+from cocktailer.batching.blocks import LANES, constant_source
 from cocktailer.batching.lanes import Lanes, rows
 from cocktailer.batching.levels import LevelProgram, Straight
 from cocktailer.ir import Operation, Program, Value
@@ -43,15 +44,19 @@ class LoopProgram:
     stacked: int            # how many of its yields, after the carried values, are stacked from every step
 
 
-def loop_program(op: Operation, program: Program, ragged: list, varying: set[int]) -> LoopProgram:
+def loop_program(op: Operation, program: Program, ragged: list, varying: set[int],
+                 producers: dict[int, Operation]) -> LoopProgram:
     """The loop program of `op` (not yet compiled). Raises NotImplementedError (why) where the
-    loop has none. `varying`: the ids of the values that may differ by lane."""
+    loop has none. `varying`: the ids of the values that may differ by lane; `producers`: the
+    op that defines each value, by id."""
     if op.loop_cond is not None:
         raise NotImplementedError("the loop ends on a condition, not a count")
     body = op.loop_body
     outer = {p.id: ("arg", k) for k, p in enumerate(body.params)}   # the counter, then the carried values
     outside = body.outside_reads()
-    outer.update({v.id: ("stacked" if v.id in varying else "shared", j) for j, v in enumerate(outside)})
+    for j, v in enumerate(outside):
+        source = constant_source(v, producers)
+        outer[v.id] = ("stacked", j) if v.id in varying else ("const", source) if source else ("shared", j)
     straight = Straight(body, program, ragged, outer)
     for p in body.params:   # first, so that the lane count is read from a per-step input
         straight.value(p)
