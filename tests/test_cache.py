@@ -107,3 +107,15 @@ def test_no_partial_or_temporary_files_are_left(cache_dir):
     _compile()
     names = sorted(p.name for p in cache_dir.iterdir())
     assert len(names) == 3 and [n.rsplit(".", 1)[-1] for n in names] == ["c", "so", "json"]
+
+
+def test_a_library_built_for_another_cpu_is_not_loaded(cache_dir, monkeypatch):
+    """-march=native means something else on each machine: a cache shared between machines (a
+    home directory, an image, Ray workers) keys libraries by what it means, so one built where
+    AVX-512 exists is never loaded where it does not (it would die on its first instruction)."""
+    source = "int ck_answer(void) { return 42; }\n"
+    here, cached = compiler.compile_shared_library(source)
+    assert compiler.compile_shared_library(source) == (here, True)
+    monkeypatch.setattr(compiler, "_native_target", lambda cc: "#define __AVX512F__ 1\n")
+    there, cached = compiler.compile_shared_library(source)
+    assert there != here and not cached

@@ -1,7 +1,8 @@
 """Compile generated C with the system compiler into a shared library, kept in the cache.
 
-The key is a hash of the source, the flags and the compiler's identity, so compiling the
-same program again (in this process or another) only loads a file. Entries are written and
+The key is a hash of the source, the flags, the compiler's identity and what -march=native
+means here, so compiling the same program again (in this process or another) only loads a
+file, and a cache shared between machines never hands one a library for another's CPU. Entries are written and
 validated as `runtime.cache` describes: a damaged library is compiled again, never loaded."""
 from __future__ import annotations
 
@@ -41,6 +42,21 @@ def _compiler_identity(cc: str) -> str:
     return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
 
 
+@functools.cache
+def _native_target(cc: str) -> str:
+    """What -march=native means on this machine: the compiler's predefined macros under it (the
+    instruction sets it may use). Part of the cache key: a library built where AVX-512 exists
+    must not be loaded from a shared cache where it does not."""
+    result = subprocess.run([cc, "-march=native", "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True)
+    return result.stdout
+
+
+def native_has_avx512() -> bool:
+    """Whether code compiled here with -march=native may use AVX-512 (False without a compiler)."""
+    cc = find_compiler()
+    return cc is not None and "#define __AVX512F__ 1" in _native_target(cc)
+
+
 def _link_flags(source: str) -> list[str]:
     """PyTorch's own BLAS (MKL) `sgemm_`, when a kernel calls it; libm for the math functions."""
     if "sgemm_(" in source:
@@ -56,7 +72,8 @@ def compile_shared_library(source: str, extra_flags: Sequence[str] = ()) -> tupl
         raise CompilerNotFound("no C compiler found (set CC, or install gcc)")
     flags = [*FLAGS, *extra_flags]
     link = _link_flags(source)
-    key = hashlib.sha256("\0".join([source, *flags, *link, _compiler_identity(cc)]).encode()).hexdigest()[:32]
+    key = hashlib.sha256("\0".join([source, *flags, *link, _compiler_identity(cc), _native_target(cc)]).encode()
+                         ).hexdigest()[:32]
     directory = cache.cache_dir()
     library = directory / f"ct_{key}.so"
     if cache.valid(library):

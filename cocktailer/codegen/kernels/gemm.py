@@ -28,7 +28,11 @@ faster, so nothing here calls it.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from cocktailer.runtime.compiler import native_has_avx512
 
 VW = 16                       # floats per vector
 KC = 256                      # max depth of one packed block
@@ -84,16 +88,17 @@ def _accumulators(mr: int, nr: int) -> list[list[str]]:
 
 
 YMM_FLOATS = 8          # floats per AVX2 vector
-YMM_ACCUMULATORS = 12   # of the 16 ymm registers: the rest hold B's vectors and A's broadcast
+YMM_REGISTERS = 16      # AVX2's: a sub-tile's accumulators, B's vectors and A's broadcast
 
 
 def _subtiles(mr: int, nr: int) -> list[tuple[int, int, int, int]]:
     """(first row, rows, first column, vectors) of the sub-tiles an MR x NR tile is computed in
-    without AVX-512: each at most YMM_ACCUMULATORS accumulators, shaped for the most
-    multiply-adds per load (rows * vectors / (rows + vectors): BLIS's 6x16 on Haswell is 1.5)."""
+    without AVX-512: each sub-tile's accumulators, B's vectors and A's broadcast in the
+    YMM_REGISTERS, shaped for the most multiply-adds per load (rows * vectors / (rows +
+    vectors): 4x24 is 1.71, BLIS's 6x16 on Haswell 1.5)."""
     vectors = nr // YMM_FLOATS
     shapes = [(rows, v) for v in range(1, vectors + 1) if vectors % v == 0
-              for rows in range(1, mr + 1) if rows * v <= YMM_ACCUMULATORS]
+              for rows in range(1, mr + 1) if rows * v + v + 1 <= YMM_REGISTERS]
     rows, vecs = max(shapes, key=lambda s: (s[0] * s[1] / (s[0] + s[1]), s[0] * s[1]))
     return [(r0, min(rows, mr - r0), c0, vecs)
             for r0 in range(0, mr, rows) for c0 in range(0, nr, vecs * YMM_FLOATS)]
@@ -106,7 +111,10 @@ def _subtile(mr: int, nr: int, r0: int, rows: int, c0: int, vecs: int) -> list[s
          "    " + " ".join(f"ck_v8 {a} = {{0}};" for row in acc for a in row),
          "    for (int64_t k = 0; k < kc; ++k) {"]
     for v in range(vecs):
-        L.append(f"      const ck_v8 b{v} = *(const ck_v8u*)(Bp + k * {nr} + {c0 + v * YMM_FLOATS});")
+        L.append(f"      ck_v8 b{v} = *(const ck_v8u*)(Bp + k * {nr} + {c0 + v * YMM_FLOATS});")
+    # B's vectors in registers, each loaded once: GCC otherwise folds the load into every row's
+    # multiply-add (a load per FMA: more loads than the core issues per cycle)
+    L.append("      __asm__(\"\" : " + ", ".join(f'\"+x\"(b{v})' for v in range(vecs)) + ");")
     for r in range(rows):
         L.append(f"      {{ const float a = Ap[k * {mr} + {r0 + r}]; "
                  + " ".join(f"{acc[r][v]} += a * b{v};" for v in range(vecs)) + " }")
@@ -441,8 +449,20 @@ def prepack_b(b: torch.Tensor, nr: int) -> torch.Tensor:
 
 
 def choose_variant(m: int, n: int) -> tuple[int, int]:
-    """The micro-kernel that wastes the least on padding an m x n product (ties: the order of VARIANTS)."""
+    """The micro-kernel that wastes the least on padding an m x n product (ties: the order of
+    VARIANTS). Without AVX-512 the variants' sub-tiles differ in multiply-adds per load
+    (`_subtiles`): the padded work is divided by that. Measured on a 2-core Zen 3 at the models'
+    shapes (bench.kernels): 8x48 is 8-16% faster than 8x32 where N is a multiple of 32, not 48."""
     def padded(v):
         mr, nr = v
         return (-(-m // mr) * mr) * (-(-n // nr) * nr)
-    return min(VARIANTS, key=padded)
+    if native_has_avx512():
+        return min(VARIANTS, key=padded)
+    return min(VARIANTS, key=lambda v: padded(v) / _fmas_per_load(*v))
+
+
+@functools.cache
+def _fmas_per_load(mr: int, nr: int) -> float:
+    """Multiply-adds per load of the variant's sub-tiles (`_subtiles`), over its whole tile."""
+    tiles = _subtiles(mr, nr)
+    return sum(rows * vecs for _, rows, _, vecs in tiles) / sum(rows + vecs for _, rows, _, vecs in tiles)
