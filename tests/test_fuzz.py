@@ -59,7 +59,7 @@ def test_programs_agree_with_eager_with_every_size_dynamic():
 def test_programs_batched_agree_with_eager_per_instance():
     """The same programs through cocktailer.batch, six input sets as the instances of one call:
     each instance's results and arguments as eager gives them for it alone: every other program
-    with every op by torch, every sixteenth with native blocks (each program compiles its own;
+    with every op by torch, every sixteenth with native code (each program compiles its own;
     run.py runs both on every program)."""
     failures = []
     for seed in SEEDS:

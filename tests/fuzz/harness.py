@@ -42,9 +42,10 @@ CONFIGS = {
     "cpu-dynamic": ("cpu", {}),
     "reference-dynamic": ("reference", {}),
     # cocktailer.batch: BATCH_SETS input sets as the instances of one batched call, with native
-    # blocks (the default) and with every op run by torch
+    # code (the default) and with every op run by torch (loops stepped, levels op by op)
     "batch": ("batch", {}),
-    "batch-torch": ("batch", {"native_blocks": False}),
+    "batch-torch": ("batch", {"native_blocks": False, "native_inspector": False, "level_programs": False,
+                              "level_loop": False, "loop_programs": False}),
 }
 DYNAMIC = {"cpu-dynamic", "reference-dynamic"}
 NATIVE = [name for name, (backend, _) in CONFIGS.items() if backend not in ("reference", "batch")]
