@@ -96,7 +96,7 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
                          + (f"{loops} call(s) of the native level loop ran the level programs" if loops else
                             "the level programs were called from Python, one call per group"))
         lines += [f"    no level program for @{name} with arms {path:#b}: {why}"
-                  for (name, path), why in executor._levels.items() if isinstance(why, str)]
+                  for (name, path, _), why in executor._levels.items() if isinstance(why, str)]
         for name, runs in schedule.levels.items():
             for per_level in runs:
                 lines.append(f"  @{name}: {len(per_level)} levels, calls per level (height 0 first): "

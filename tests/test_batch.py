@@ -718,3 +718,15 @@ def test_weights_moved_out_of_loops_are_constants_of_the_native_code():
     blocks = [b for segs in executor._segments.values() for b in segs if isinstance(b, Block)]
     reads = [executor.producers.get(v.id) for b in blocks for v in b.inputs]
     assert blocks and not any(op is not None and op.op in (Op.CONST, Op.SCALAR) for op in reads)
+
+
+@native
+def test_levels_found_by_the_torch_inspector_run_as_level_programs():
+    """DRNN decides whether a node expands from its state, a tensor: its inspector runs as torch
+    ops, and notes the arms each call takes, so each level's calls still run as one native call."""
+    from cocktailer.models.throughput import drnn_instances
+    model, instances = drnn_instances(12, "small", seed=3)
+    batched = assert_batch_matches(model.eval(), instances)
+    assert batched.schedule.inspectors["generate"] != "native"
+    native_groups, op_by_op = batched.schedule.level_groups["generate"]
+    assert native_groups >= len(batched.schedule.levels["generate"][0]) > 2 and op_by_op == 0

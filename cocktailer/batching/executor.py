@@ -27,10 +27,11 @@ import torch
 
 from cocktailer.backend.batched import build_blocks
 from cocktailer.batching.blocks import Block, batched_program, lane_varying, run_block, segments
-from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect
+from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect, slice_branches
 from cocktailer.batching.levels import LevelProgram, level_inputs, level_program, run_level_loop
 from cocktailer.batching.loops import LoopProgram, loop_program, run_loop_program
-from cocktailer.batching.lanes import CALLS, CHECKED, HIDDEN, RULES, SIZES, Lanes, apply, matmul_per_lane, rows, take
+from cocktailer.batching.lanes import (ARMS, CALLS, CHECKED, HIDDEN, RULES, SHARED_BY_LANES, SIZES, Lanes, apply,
+                                      matmul_per_lane, rows, take)
 from cocktailer.batching.ragged import constant_indices, masked, ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
@@ -108,7 +109,7 @@ class BatchedExecutor:
         self.rules = RULES if techniques.parameter_reuse else {**RULES, Op.MATMUL: matmul_per_lane}
         self._plans: dict[str, LevelPlan | str | None] = {}
         self._inspectors: dict[str, NativeInspector | str] = {}   # function -> its native inspector, or why none
-        self._levels: dict[tuple, LevelProgram | str] = {}   # (function, path) -> its level program, or why none
+        self._levels: dict[tuple, LevelProgram | str] = {}   # (function, path, branches) -> its level program, or why
         self._loops: dict[int, LoopProgram | str] = {}   # id(loop op) -> its loop program, or why none
         self._varying: set[int] | None = None   # the ids of the values that may differ by lane (lane_varying)
         self._producers: dict[int, Operation] | None = None
@@ -369,12 +370,14 @@ class BatchedExecutor:
             if key in env:
                 sub[key] = env[key]
         if lanes is not None:
-            sub = {k: (self.take(v, lanes) if k != CALLS else v) for k, v in sub.items()}
+            sub = {k: (self.take(v, lanes) if k not in SHARED_BY_LANES else v) for k, v in sub.items()}
         return sub
 
     def _run_if(self, op: Operation, env: dict, count: int, only: frozenset | None) -> list:
         cond = env[op.operands[0].id]
         then, other = op.regions
+        if only is not None and ARMS in env:
+            env[ARMS].note(op, env, cond, count)
         if not isinstance(cond, Lanes):
             return self.run_region(then if bool(cond) else other, env, count, only)
         taken = cond.rows()
@@ -533,7 +536,8 @@ class BatchedExecutor:
                    if tree.path is not None and self.techniques.level_programs else None)   # (level programs' inputs)
         sizes = hidden[SIZES].rows() if SIZES in hidden else None
         counts = self.schedule.level_groups.setdefault(fn.name, [0, 0])
-        levels = [self._level_program(plan, path, native) if path is not None else None for _, _, path in groups]
+        branches = native.rendered.branches if isinstance(native, NativeInspector) else slice_branches(plan)
+        levels = [self._level_program(plan, path, branches) if path is not None else None for _, _, path in groups]
         for level in levels:
             counts[not isinstance(level, LevelProgram)] += 1
         if any(isinstance(level, LevelProgram) for level in levels):
@@ -585,14 +589,18 @@ class BatchedExecutor:
             runs[-1].append((start, end, level))
         return runs
 
-    def _level_program(self, plan: LevelPlan, path: int, inspector: NativeInspector) -> LevelProgram | str:
-        key = (plan.function.name, path)
+    def _level_program(self, plan: LevelPlan, path: int, branches: tuple[int, ...]) -> LevelProgram | str:
+        """The level program of the calls of `plan` that take the arms `path` (bit b: the first
+        arm of branches[b], in the order of the inspector that found them), or why none."""
+        key = (plan.function.name, path, branches)
         if key not in self._levels:
             if not self.techniques.level_programs:
                 self._levels[key] = "level programs are turned off"
+            elif not self._native:
+                self._levels[key] = "no C compiler, or the instances are not on the CPU"
             else:
                 try:
-                    level = level_program(plan, self.program, path, inspector.rendered.branches, self.ragged)
+                    level = level_program(plan, self.program, path, branches, self.ragged)
                 except NotImplementedError as e:
                     self._levels[key] = str(e)
                 else:

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from cocktailer.backend.batched import build_inspector
-from cocktailer.batching.lanes import CALLS, LANE, SIZES, Lanes, rows
+from cocktailer.batching.lanes import ARMS, CALLS, LANE, SIZES, Lanes, rows
 from cocktailer.batching.recursion import LevelPlan
 from cocktailer.codegen.inspector import INSPECT_DEEP, INSPECT_FULL, INSPECT_INDEX
 from cocktailer.errors import CompiledCallError
-from cocktailer.ir import Operation
+from cocktailer.ir import Op, Operation
 
 
 class ReadChildren:
@@ -48,6 +48,27 @@ class RecordCalls:
         varying = {j: rows(env[v.id], count) for j, v in enumerate(op.operands) if not self.plan.passthrough[j]}
         self.made.append((self.sites.index(op), env[LANE].rows(), varying))
         return [None] * len(op.results)
+
+
+def slice_branches(plan: LevelPlan) -> tuple[int, ...] | None:
+    """The id() of the control slice's branches in program order: bit b of a call's path says
+    it took the first arm of the b-th (None: more than a path holds)."""
+    found = tuple(id(op) for op in plan.function.body.walk() if op.op is Op.IF and id(op) in plan.control)
+    return found if len(found) <= 63 else None
+
+
+class RecordArms:
+    """The torch inspector's branch: note, for each call of a round, the arms it takes."""
+
+    def __init__(self, branches: tuple[int, ...], first: int, calls: int):
+        self.bit = {op_id: b for b, op_id in enumerate(branches)}
+        self.first = first   # the round's first call id
+        self.path = torch.zeros(calls, dtype=torch.int64)
+
+    def note(self, op: Operation, env: dict, cond, count: int):
+        taken = cond.rows() if isinstance(cond, Lanes) else torch.full((count,), bool(cond))
+        calls = env[LANE].rows() - self.first
+        self.path.index_add_(0, calls, taken.to(torch.int64) << self.bit[id(op)])
 
 
 @dataclass
@@ -96,17 +117,23 @@ class CallTree:
 def inspect(executor, plan: LevelPlan, args: list, count: int, hidden: dict) -> CallTree:
     """The call tree, found breadth first: each round runs the control slice of every call found
     in the round before, all as one batch (no Python loop over calls), through `executor` (a
-    BatchedExecutor). Each round's calls get the next ids, so a round is a range of ids."""
+    BatchedExecutor). Each round's calls get the next ids, so a round is a range of ids. Each
+    call's path (the arms it takes) is noted too where the slice has at most 63 branches."""
     varying = [j for j, through in enumerate(plan.passthrough) if not through]
     arguments = {j: [rows(args[j], count)] for j in varying}   # per round
     roots = [torch.arange(count)]
     links: list[tuple[int, torch.Tensor, torch.Tensor]] = []   # (site, parent calls, child calls)
+    branches, paths = slice_branches(plan), []
     start, total = 0, count
     while total > start:
         frontier = torch.arange(start, total)
         env = frame(plan, args, roots[-1], {j: arguments[j][-1] for j in varying}, frontier, hidden, executor.take)
         recorder = env[CALLS] = RecordCalls(plan)
+        if branches is not None:
+            arms = env[ARMS] = RecordArms(branches, start, len(frontier))
         executor.run_region(plan.function.body, env, len(frontier), only=plan.control)
+        if branches is not None:
+            paths.append(arms.path)
         start = total
         for site, callers, _ in recorder.made:
             links.append((site, callers, torch.arange(total, total + len(callers))))
@@ -122,7 +149,8 @@ def inspect(executor, plan: LevelPlan, args: list, count: int, hidden: dict) -> 
     children = {s: torch.full((total,), -1, dtype=torch.int64) for s in range(len(plan.sites))}
     for site, parents, kids in links:
         children[site][parents] = kids
-    return CallTree(total, torch.cat(roots), {j: torch.cat(a) for j, a in arguments.items()}, children, height)
+    return CallTree(total, torch.cat(roots), {j: torch.cat(a) for j, a in arguments.items()}, children, height,
+                    torch.cat(paths) if branches is not None else None)
 
 
 class NativeInspector:

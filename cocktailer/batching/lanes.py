@@ -23,9 +23,11 @@ from cocktailer.ir import ELEMENTWISE, SEMANTICS, Op, Operation
 # An executor's env maps value ids to values, and these keys to what a region needs beside them:
 # the call ids of the lanes (level mode); the self-call handler; each lane's sizes that differ
 # between instances (one column per ragged size); the ops whose per-lane indices an inspector
-# already checked against those sizes (level mode).
-LANE, CALLS, SIZES, CHECKED = "lane", "calls", "sizes", "checked"
-HIDDEN = (LANE, CALLS, SIZES, CHECKED)
+# already checked against those sizes (level mode); what notes the arm each call takes at each
+# branch (the torch inspector).
+LANE, CALLS, SIZES, CHECKED, ARMS = "lane", "calls", "sizes", "checked", "arms"
+HIDDEN = (LANE, CALLS, SIZES, CHECKED, ARMS)
+SHARED_BY_LANES = (CALLS, ARMS)   # hidden keys that are handlers, not values with a row per lane
 
 
 class Lanes:
