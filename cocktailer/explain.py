@@ -87,7 +87,7 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
                       for where, why in schedule.stepped_loops.items()]
         for name, how in schedule.inspectors.items():
             lines.append(f"  @{name}: inspector " + ("compiled to C (one pass over every instance's calls)" if how == "native"
-                                                     else f"run as torch ops, a round of calls at a time: {how}"))
+                                                     else f"run by the executor (native blocks of the slice, torch ops), a round of calls at a time: {how}"))
         lines.append(f"  inspectors: {schedule.inspect_s * 1e3:.3f} ms")
         for name, (native, by_ops) in schedule.level_groups.items():
             loops = schedule.level_loops.get(name, 0)

@@ -722,11 +722,16 @@ def test_weights_moved_out_of_loops_are_constants_of_the_native_code():
 
 @native
 def test_levels_found_by_the_torch_inspector_run_as_level_programs():
-    """DRNN decides whether a node expands from its state, a tensor: its inspector runs as torch
-    ops, and notes the arms each call takes, so each level's calls still run as one native call."""
+    """DRNN decides whether a node expands from its state, a tensor: its inspector runs the
+    control slice in the executor (torch ops, and native blocks of the slice's own ops), and
+    notes the arms each call takes, so each level's calls still run as one native call."""
     from cocktailer.models.throughput import drnn_instances
     model, instances = drnn_instances(12, "small", seed=3)
     batched = assert_batch_matches(model.eval(), instances)
     assert batched.schedule.inspectors["generate"] != "native"
     native_groups, op_by_op = batched.schedule.level_groups["generate"]
     assert native_groups >= len(batched.schedule.levels["generate"][0]) > 2 and op_by_op == 0
+    from cocktailer.batching.blocks import Block   # the slice's own runs of data ops are native blocks too
+    (executor,) = batched._executors.values()
+    assert any(isinstance(part, Block) for key, parts in executor._segments.items() if isinstance(key, tuple)
+               for part in parts)

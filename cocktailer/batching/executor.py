@@ -54,7 +54,7 @@ class Techniques:
     gather_fusion: bool = True     # lanes read operands through index arrays (else each lane's rows are copied)
     parameter_reuse: bool = True   # a product with a shared weight is one GEMM (else one product per lane)
     native_blocks: bool = True     # runs of data ops as one native call each (else one torch op per op)
-    native_inspector: bool = True  # call trees found by the control slice compiled to C (else run as torch ops)
+    native_inspector: bool = True  # call trees found by the control slice compiled to C (else run by the executor)
     level_programs: bool = True    # a level's calls that take the same arms as one native call (else op by op)
     level_loop: bool = True        # a recursion's level programs called by one native loop (else from Python)
     loop_programs: bool = True     # a counted loop with a straight-line body, every step, as one native call
@@ -122,7 +122,10 @@ class BatchedExecutor:
         self._checked: dict[int, tuple] = {}   # id(op) -> its per-lane and constant indices into ragged dims
         self._masks: dict[int, bool] = {}      # id(op) -> whether it reads padding, which is then masked
         self._padded = False   # whether this call's instances differ in a ragged size
-        self._segments: dict[int, list] = {}   # id(region) -> its ops, runs of them as native blocks
+        self._segments: dict = {}   # id(region) -> its ops, runs of them as native blocks; (id(region), id(slice))
+        #                             -> the same for the ops of a control slice
+        self._users: dict[int, set] = {}
+        self._sliced: set[int] = set()   # id() of the control slices whose blocks are built
         self.workspace = Workspace()   # stacked inputs and results tables, memory reused by every call
         self._tables_taken = 0
         self.block_notes: list[str] = []
@@ -145,18 +148,34 @@ class BatchedExecutor:
         return self._varying
 
     def _build_blocks(self):
-        varying = self.varying
-        users = {vid: ops for fn in self.program.functions.values() for vid, ops in value_users(fn).items()}
-        for fn in self.program.functions.values():
-            for region in fn.body.regions():
-                self._segments[id(region)] = segments(region, varying, users, set(self.ragged), self.producers)
-        blocks = [b for segs in self._segments.values() for b in segs if isinstance(b, Block)]
-        compiled, self.block_notes = build_blocks([batched_program(b, self.program) for b in blocks])
+        self._users = {vid: ops for fn in self.program.functions.values() for vid, ops in value_users(fn).items()}
+        built = {id(region): segments(region, self.varying, self._users, set(self.ragged), self.producers)
+                 for fn in self.program.functions.values() for region in fn.body.regions()}
+        self.block_notes = self._compiled(built)
+
+    def _compiled(self, built: dict) -> list[str]:
+        """Compile the blocks of `built` (key -> a region's segments) in one library and add the
+        segments to the executor's; a block that could not be built runs its ops one by one.
+        Returns why those could not."""
+        blocks = [b for segs in built.values() for b in segs if isinstance(b, Block)]
+        compiled, notes = build_blocks([batched_program(b, self.program) for b in blocks])
         for block, entry in zip(blocks, compiled):
             block.compiled = entry
-        for key, segs in self._segments.items():   # a block that could not be built: its ops one by one
+        for key, segs in built.items():
             self._segments[key] = [part for s in segs
                                    for part in ([s] if not isinstance(s, Block) or s.compiled else s.ops)]
+        return notes
+
+    def _build_slice_blocks(self, plan: LevelPlan):
+        """Native blocks of a control slice the torch inspector runs (its ops only, region by
+        region), built on its first run."""
+        if not (self.techniques.native_blocks and self._native) or id(plan.control) in self._sliced:
+            return
+        self._sliced.add(id(plan.control))
+        built = {(id(region), id(plan.control)): segments(_Only(region, plan.control), self.varying, self._users,
+                                                          set(self.ragged), self.producers)
+                 for region in plan.function.body.regions()}
+        self.block_notes += self._compiled(built)
 
     def group_key(self, tensors: list[torch.Tensor]) -> tuple:
         """Instances with equal keys run together: every size but the ragged ones must agree."""
@@ -271,12 +290,13 @@ class BatchedExecutor:
     def run_region(self, region: Region, env: dict, count: int, only: frozenset | None = None) -> list:
         """The region's yields for `count` lanes; with `only`, just those ops (an inspector's
         control slice), and None for the yields they do not compute."""
-        if only is None and id(region) in self._segments:
-            for part in self._segments[id(region)]:
+        parts = self._segments.get(id(region) if only is None else (id(region), id(only)))
+        if parts is not None:
+            for part in parts:
                 if isinstance(part, Block):
                     run_block(part, env, count)
                 else:
-                    self.run_op(part, env, count)
+                    self.run_op(part, env, count, only)
         else:
             for op in region.ops:
                 if only is None or id(op) in only:
@@ -523,6 +543,8 @@ class BatchedExecutor:
 
     def _run_levels(self, plan: LevelPlan, args: list, count: int, hidden: dict) -> list:
         native = self._native_inspector(plan)   # (built on first use: not timed as inspection)
+        if not isinstance(native, NativeInspector):
+            self._build_slice_blocks(plan)
         start = time.perf_counter()
         if isinstance(native, NativeInspector):
             tree = native(args, count, hidden, self.sizes, self.ragged)
@@ -623,6 +645,13 @@ class BatchedExecutor:
         found = self._inspectors[name]
         self.schedule.inspectors[name] = "native" if isinstance(found, NativeInspector) else found
         return found
+
+
+class _Only:
+    """A region's ops that are in `only` (a control slice), for `segments`."""
+
+    def __init__(self, region: Region, only: frozenset):
+        self.ops = [op for op in region.ops if id(op) in only]
 
 
 def _run_level_program(level: LevelProgram, inputs: list, tables: list, start: int, end: int):

@@ -7,8 +7,9 @@ level below instead of made.
 Two inspectors find the same call tree:
 - `NativeInspector`: the slice compiled to C (`codegen.inspector`), one pass over a queue of
   every instance's calls; for slices of scalar ops over the instance's tables (tree walks);
-- `inspect`: the slice run by the batched executor, a whole round of calls at a time as torch
-  ops; for any slice (a decision computed from a tensor, as DRNN's).
+- `inspect`: the slice run by the batched executor, a whole round of calls at a time (runs of
+  the slice's data ops as native blocks, the rest torch ops); for any slice (a decision computed
+  from a tensor, as DRNN's). It notes each call's arms too, so its levels get level programs.
 """
 from __future__ import annotations
 
