@@ -38,7 +38,9 @@ through index arrays); + level-by-level recursion (the inspector as torch ops, e
 op); + native blocks (runs of data ops as one native call); + native inspector (the call tree
 found by the control slice compiled to C); + level programs (a level's calls that take the same
 arms as one native call, called from Python); + native level loop (every level's programs called
-by one native loop: the default).
+by one native loop); + loop programs (a counted loop with a straight-line body, every step in one
+native call: the default). A step that does not apply to a model (loop programs to a tree
+recursion, levels to an RNN) changes nothing but noise.
 """
 from __future__ import annotations
 
@@ -184,8 +186,8 @@ def run_workload(name: str, hidden: int | None, batch: int, budget: Budget, with
 
 
 _OFF = Techniques(levels=False, gather_fusion=False, parameter_reuse=False, native_blocks=False,
-                  native_inspector=False, level_programs=False)
-_LEVELS = Techniques(native_blocks=False, native_inspector=False, level_programs=False)
+                  native_inspector=False, level_programs=False, loop_programs=False)
+_LEVELS = Techniques(native_blocks=False, native_inspector=False, level_programs=False, loop_programs=False)
 ABLATION = [   # (name, techniques, instances per call: 1 or all)
     ("one instance per call", Techniques(), 1),
     ("batched, depth-first", _OFF, None),
@@ -193,9 +195,10 @@ ABLATION = [   # (name, techniques, instances per call: 1 or all)
     ("+ gather fusion", replace(_OFF, parameter_reuse=True, gather_fusion=True), None),
     ("+ levels", _LEVELS, None),
     ("+ native blocks", replace(_LEVELS, native_blocks=True), None),
-    ("+ native inspector", Techniques(level_programs=False), None),
-    ("+ level programs", Techniques(level_loop=False), None),
-    ("+ native level loop (default)", Techniques(), None),
+    ("+ native inspector", Techniques(level_programs=False, loop_programs=False), None),
+    ("+ level programs", Techniques(level_loop=False, loop_programs=False), None),
+    ("+ native level loop", Techniques(loop_programs=False), None),
+    ("+ loop programs (default)", Techniques(), None),
 ]
 
 
