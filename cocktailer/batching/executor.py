@@ -494,8 +494,10 @@ class BatchedExecutor:
         if self.max_iterations is not None and steps > self.max_iterations:
             raise CompiledCallError(f"{ITERATIONS_EXCEEDED} ({self.max_iterations})")
         sizes = env[SIZES].rows() if SIZES in env else None
+        device = torch.device(self.program.device)
         outs = run_loop_program(loop, env, count, trips.to(torch.int64), [env[v.id] for v in op.loop_inits], sizes,
-                                self._table)
+                                # (a loop's tables are dead when its run returns: its next run reuses them)
+                                lambda k, shape, dtype: self.workspace.take(("loop", id(op), k), shape, dtype, device))
         self.schedule.loop_programs += 1
         self.schedule.loop_steps += max(steps, 0)
         return outs

@@ -61,17 +61,17 @@ def loop_program(op: Operation, program: Program, ragged: list, varying: set[int
     for p in body.params:   # first, so that the lane count is read from a per-step input
         straight.value(p)
     level = straight.build()
-    lanes_from = next(position for sym, position, _ in level.program.sizes if sym == LANES)
-    assert level.inputs[lanes_from][0] == "arg"
+    if not any(sym == LANES and level.inputs[position][0] == "arg" for sym, position, _ in level.program.sizes):
+        raise NotImplementedError("the lane count is not read from an input that advances with the steps")
     return LoopProgram(level, outside, op.loop_stacked)
 
 
 def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor, carried: list,
                      per_lane_sizes: torch.Tensor | None, table) -> list:
     """The loop's results (its carried values, then its stacked ones) when every lane has run
-    its own trip count (`trips`, one per lane), starting from `carried`; `table(shape, dtype)`
-    gives uninitialized memory for the tables. Raises IndexError where an index fell outside
-    its lane's size."""
+    its own trip count (`trips`, one per lane), starting from `carried`; `table(k, shape, dtype)`
+    gives uninitialized memory for table k (the tables are dead once this returns: nothing it
+    returns is in them). Raises IndexError where an index fell outside its lane's size."""
     steps = int(trips.max()) if count else 0
     stacked_types = [y.type for y in loop.level.program.main.body.yields[len(carried):len(carried) + loop.stacked]]
     if steps <= 0:
@@ -81,11 +81,11 @@ def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tens
     slot[order] = torch.arange(count)
     still_in = count - torch.cumsum(torch.bincount(trips.clamp(min=0), minlength=steps + 1), 0)[:steps]
     tables = []
-    for value, param in zip(carried, loop.level.program.main.params[1:len(carried) + 1]):
-        t = table(((steps + 1) * count, *param.type.shape[1:]), param.type.dtype)
+    for k, (value, param) in enumerate(zip(carried, loop.level.program.main.params[1:len(carried) + 1])):
+        t = table(k, ((steps + 1) * count, *param.type.shape[1:]), param.type.dtype)
         torch.index_select(rows(value, count), 0, order, out=t[:count])
         tables.append(t)
-    per_step = [table((steps * count, *ty.shape[1:]), ty.dtype) for ty in stacked_types]
+    per_step = [table(len(carried) + j, (steps * count, *ty.shape[1:]), ty.dtype) for j, ty in enumerate(stacked_types)]
     inputs, advancing = _inputs(loop, env, count, steps, order, tables, per_lane_sizes)
     run = LevelRun()
     run.add(loop.level.compiled, inputs, advancing, count, [t[count:] for t in tables] + per_step, loop.level.checks)
