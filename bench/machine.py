@@ -12,15 +12,25 @@ LIBRARIES = ("torch", "jax", "jaxlib", "onnx", "onnxruntime", "onnxscript", "num
 
 
 def describe() -> dict:
-    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_bytes": _memory_bytes(),
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "vector_isa": vector_isa(), "memory_bytes": _memory_bytes(),
             "platform": platform.platform(), "python": platform.python_version(),
             "versions": versions(), "git": git_state(), "load_average": load_average()}
+
+
+def vector_isa() -> str:
+    """The widest vector instructions the native code compiles for here: the kernels take a
+    different path with AVX-512 than with AVX2, so results from the two do not compare."""
+    from cocktailer.runtime.compiler import find_compiler, native_has_avx512
+    if find_compiler() is None:
+        return "unknown (no C compiler)"
+    return "AVX-512" if native_has_avx512() else "AVX2 or narrower (no AVX-512)"
 
 
 def summary(m: dict) -> str:
     """A table header's line: the machine, its load when the run started, the commit."""
     git = m.get("git", {})
-    return (f"- machine: {m.get('cpu')}, {m.get('cores')} cores; load average at start "
+    return (f"- machine: {m.get('cpu')}, {m.get('cores')} cores, {m.get('vector_isa', 'vector ISA not recorded')}; "
+            f"load average at start "
             f"{(m.get('load_average') or ['?'])[0]}; commit {(git.get('commit') or '?')[:12]}"
             f"{' (dirty tree)' if git.get('dirty') else ''}")
 
