@@ -503,21 +503,8 @@ class BatchedExecutor:
         return outs
 
     def _loop_program(self, op: Operation) -> LoopProgram | str:
-        key = id(op)
-        if key not in self._loops:
-            if not self.techniques.loop_programs:
-                self._loops[key] = "loop programs are turned off"
-            elif not self._native:
-                self._loops[key] = "no C compiler, or the instances are not on the CPU"
-            else:
-                try:
-                    loop = loop_program(op, self.program, self.ragged, self.varying, self.producers)
-                except NotImplementedError as e:
-                    self._loops[key] = str(e)
-                else:
-                    (loop.level.compiled,), notes = build_blocks([loop.level.program])
-                    self._loops[key] = loop if loop.level.compiled is not None else notes[0]
-        found = self._loops[key]
+        found = self._straight(self._loops, id(op), self.techniques.loop_programs, "loop programs",
+                               lambda: loop_program(op, self.program, self.ragged, self.varying, self.producers))
         if isinstance(found, str):
             self.schedule.stepped_loops[_where(op)] = found
         return found
@@ -616,21 +603,27 @@ class BatchedExecutor:
     def _level_program(self, plan: LevelPlan, path: int, branches: tuple[int, ...]) -> LevelProgram | str:
         """The level program of the calls of `plan` that take the arms `path` (bit b: the first
         arm of branches[b], in the order of the inspector that found them), or why none."""
-        key = (plan.function.name, path, branches)
-        if key not in self._levels:
-            if not self.techniques.level_programs:
-                self._levels[key] = "level programs are turned off"
+        return self._straight(self._levels, (plan.function.name, path, branches), self.techniques.level_programs,
+                              "level programs", lambda: level_program(plan, self.program, path, branches, self.ragged))
+
+    def _straight(self, cache: dict, key, enabled: bool, what: str, build):
+        """cache[key]: what `build()` makes (a LevelProgram, or a LoopProgram holding one),
+        compiled, or why there is none; built on first use."""
+        if key not in cache:
+            if not enabled:
+                cache[key] = f"{what} are turned off"
             elif not self._native:
-                self._levels[key] = "no C compiler, or the instances are not on the CPU"
+                cache[key] = "no C compiler, or the instances are not on the CPU"
             else:
                 try:
-                    level = level_program(plan, self.program, path, branches, self.ragged)
+                    made = build()
                 except NotImplementedError as e:
-                    self._levels[key] = str(e)
+                    cache[key] = str(e)
                 else:
+                    level = made.level if isinstance(made, LoopProgram) else made
                     (level.compiled,), notes = build_blocks([level.program])
-                    self._levels[key] = level if level.compiled is not None else notes[0]
-        return self._levels[key]
+                    cache[key] = made if level.compiled is not None else notes[0]
+        return cache[key]
 
     def _native_inspector(self, plan: LevelPlan) -> NativeInspector | str:
         name = plan.function.name
