@@ -439,10 +439,10 @@ class BatchedExecutor:
         leaves: its carried values are kept aside, and the others run on without it. A loop
         with a loop program runs all its steps in one native call (`loops.py`)."""
         trip = env[op.loop_trip.id] if op.loop_trip is not None else None
-        trips = trip.rows() if isinstance(trip, Lanes) else None
         loop = self._loop_program(op)
         if isinstance(loop, LoopProgram):
             return self._run_loop_program(loop, op, env, count, trip)
+        trips = trip.rows() if isinstance(trip, Lanes) else None
         stacked_count = op.loop_stacked
         carried = [env[v.id] for v in op.loop_inits]
         finals: list = [None] * len(carried)   # rows of lanes that left the loop, in lane order
