@@ -106,8 +106,8 @@ def _block(ops: list[Operation], varying: set[int], users: dict[int, set[int]],
            producers: dict[int, Operation]) -> Block:
     """A block of `ops`, with the constants it reads from other regions (`constant_source`)."""
     defined = {r.id for o in ops for r in o.results}
-    weights = list({v.id: constant_source(v, producers) for o in ops for v in o.operands
-                    if v.id not in defined and constant_source(v, producers)}.values())
+    weights = list({v.id: source for o in ops for v in o.operands
+                    if v.id not in defined and (source := constant_source(v, producers))}.values())
     ops = weights + ops
     inside = {id(o) for o in ops}
     defined |= {w.results[0].id for w in weights}

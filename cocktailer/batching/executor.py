@@ -126,6 +126,7 @@ class BatchedExecutor:
         #                             -> the same for the ops of a control slice
         self._users: dict[int, set] = {}
         self._sliced: set[int] = set()   # id() of the control slices whose blocks are built
+        self._slice_branches: dict[str, tuple | None] = {}   # function -> its slice's branches (slice_branches)
         self.workspace = Workspace()   # stacked inputs and results tables, memory reused by every call
         self._tables_taken = 0
         self.block_notes: list[str] = []
@@ -495,7 +496,8 @@ class BatchedExecutor:
             raise CompiledCallError(f"{ITERATIONS_EXCEEDED} ({self.max_iterations})")
         sizes = env[SIZES].rows() if SIZES in env else None
         device = torch.device(self.program.device)
-        outs = run_loop_program(loop, env, count, trips.to(torch.int64), [env[v.id] for v in op.loop_inits], sizes,
+        carried = [env[v.id] for v in op.loop_inits]
+        outs = run_loop_program(loop, env, count, trips.to(torch.int64), steps, carried, sizes,
                                 # (a loop's tables are dead when its run returns: its next run reuses them)
                                 lambda k, shape, dtype: self.workspace.take(("loop", id(op), k), shape, dtype, device))
         self.schedule.loop_programs += 1
@@ -532,13 +534,16 @@ class BatchedExecutor:
 
     def _run_levels(self, plan: LevelPlan, args: list, count: int, hidden: dict) -> list:
         native = self._native_inspector(plan)   # (built on first use: not timed as inspection)
-        if not isinstance(native, NativeInspector):
+        if isinstance(native, NativeInspector):
+            branches = native.rendered.branches
+        else:
             self._build_slice_blocks(plan)
+            branches = self._slice_branches.setdefault(plan.function.name, slice_branches(plan))
         start = time.perf_counter()
         if isinstance(native, NativeInspector):
             tree = native(args, count, hidden, self.sizes, self.ragged)
         else:
-            tree = inspect(self, plan, args, count, hidden)
+            tree = inspect(self, plan, args, count, hidden, branches)
         self.schedule.inspect_s += time.perf_counter() - start
         fn = plan.function
         tree, groups, outer = tree.by_height(count)
@@ -547,7 +552,6 @@ class BatchedExecutor:
                    if tree.path is not None and self.techniques.level_programs else None)   # (level programs' inputs)
         sizes = hidden[SIZES].rows() if SIZES in hidden else None
         counts = self.schedule.level_groups.setdefault(fn.name, [0, 0])
-        branches = native.rendered.branches if isinstance(native, NativeInspector) else slice_branches(plan)
         levels = [self._level_program(plan, path, branches) if path is not None else None for _, _, path in groups]
         for level in levels:
             counts[not isinstance(level, LevelProgram)] += 1

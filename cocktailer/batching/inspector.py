@@ -115,16 +115,18 @@ class CallTree:
                      torch.arange(start, end), hidden, take_lanes)
 
 
-def inspect(executor, plan: LevelPlan, args: list, count: int, hidden: dict) -> CallTree:
+def inspect(executor, plan: LevelPlan, args: list, count: int, hidden: dict,
+            branches: tuple[int, ...] | None) -> CallTree:
     """The call tree, found breadth first: each round runs the control slice of every call found
     in the round before, all as one batch (no Python loop over calls), through `executor` (a
     BatchedExecutor). Each round's calls get the next ids, so a round is a range of ids. Each
-    call's path (the arms it takes) is noted too where the slice has at most 63 branches."""
+    call's path (the arms it takes at `branches`, `slice_branches(plan)`) is noted too, unless
+    that is None (more branches than a path holds)."""
     varying = [j for j, through in enumerate(plan.passthrough) if not through]
     arguments = {j: [rows(args[j], count)] for j in varying}   # per round
     roots = [torch.arange(count)]
     links: list[tuple[int, torch.Tensor, torch.Tensor]] = []   # (site, parent calls, child calls)
-    branches, paths = slice_branches(plan), []
+    paths = []
     start, total = 0, count
     while total > start:
         frontier = torch.arange(start, total)

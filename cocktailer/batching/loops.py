@@ -66,13 +66,12 @@ def loop_program(op: Operation, program: Program, ragged: list, varying: set[int
     return LoopProgram(level, outside, op.loop_stacked)
 
 
-def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor, carried: list,
+def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor, steps: int, carried: list,
                      per_lane_sizes: torch.Tensor | None, table) -> list:
     """The loop's results (its carried values, then its stacked ones) when every lane has run
-    its own trip count (`trips`, one per lane), starting from `carried`; `table(k, shape, dtype)`
+    its own trip count (`trips`, one per lane; `steps` the largest), starting from `carried`; `table(k, shape, dtype)`
     gives uninitialized memory for table k (the tables are dead once this returns: nothing it
     returns is in them). Raises IndexError where an index fell outside its lane's size."""
-    steps = int(trips.max()) if count else 0
     stacked_types = [y.type for y in loop.level.program.main.body.yields[len(carried):len(carried) + loop.stacked]]
     if steps <= 0:
         return carried + [Lanes(torch.empty((count, 0, *ty.shape[1:]), dtype=ty.dtype)) for ty in stacked_types]
