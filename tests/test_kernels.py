@@ -367,6 +367,13 @@ def cases_movement() -> list[Case]:
                             (torch.tensor([1, 2], dtype=I32), 0, False)]:
         out.append(Case(Op.GATHER, [table, idx], {"dim": dim}, fails=fails))
     out.append(Case(Op.GATHER, [rand((3, 4, 5), I64), torch.tensor([4, 0])], {"dim": 2}))
+    # SCATTER: rows of a table at an index's positions (GATHER's inverse), also across the
+    # workers' blocks of a large table and along an inner dim
+    for idx, fails in [(torch.tensor([3, 0, 19, -1]), False), (torch.tensor([20]), True),
+                       (torch.tensor([0, -21]), True), (torch.tensor([2, 1], dtype=I32), False)]:
+        out.append(Case(Op.SCATTER, [table, idx, rand((len(idx), 8))], {"dim": 0}, fails=fails))
+    out.append(Case(Op.SCATTER, [rand((300, 64)), torch.tensor([299, 0, 150, 7]), rand((4, 64))], {"dim": 0}))
+    out.append(Case(Op.SCATTER, [rand((3, 4, 5), I64), torch.tensor([4, 0]), rand((3, 4, 2), I64)], {"dim": 2}))
     # DIM: a size as an i64[] (here a number; symbolic sizes through the backend: test_dynamic)
     out += [Case(Op.DIM, [rand((7, 3))], {"dim": d}) for d in (0, 1)]
     return out

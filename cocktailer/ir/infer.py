@@ -116,7 +116,7 @@ def _check_key(op: Op, operand_types: Sequence[TensorType], attrs: dict):
 # Ops whose result's sizes are its operands' (or numbers) for every size: what type inference
 # takes symbolic sizes through.
 _POLYMORPHIC = ELEMENTWISE | REDUCE | {Op.MATMUL, Op.SOFTMAX, Op.LOG_SOFTMAX, Op.CAST, Op.SELECT, Op.UPDATE, Op.CAT,
-                                      Op.PERMUTE, Op.GATHER, Op.RESHAPE, Op.EXPAND}
+                                      Op.PERMUTE, Op.GATHER, Op.SCATTER, Op.RESHAPE, Op.EXPAND}
 # Of those, the ops whose `shape` attribute may name an operand's symbolic size as a whole dim
 # (`x.view(x.shape[0], 1, -1)`, `x.unsqueeze(1)`): inferred with it at each value, like the
 # operands' (a reshape that keeps the element count at both values keeps it at every value).

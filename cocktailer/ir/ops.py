@@ -53,6 +53,7 @@ class Op(enum.Enum):
     SELECT = enum.auto()      # key: x[key], basic indexing; dynamic indices are operands 1..
     UPDATE = enum.auto()      # key: y = x.clone(); y[key] = v; operands (x, v, *dynamic indices)
     GATHER = enum.auto()      # dim: x indexed along dim by an integer tensor of any shape
+    SCATTER = enum.auto()     # dim: y = x.clone(); y.index_copy_(dim, index, v): GATHER's inverse, operands (x, index, v)
     DIM = enum.auto()         # dim: x.shape[dim] as an i64[] (a symbolic size, read when the program runs)
     # -- control flow (regions; executed by cocktailer.reference) -----------------
     IF = enum.auto()
@@ -76,7 +77,7 @@ ARITY: dict[Op, int | None] = {
     **{op: 1 for op in REDUCE}, Op.SOFTMAX: 1, Op.LOG_SOFTMAX: 1,
     Op.CONST: 0, Op.SCALAR: 0, Op.FULL: 0, Op.ARANGE: 0, Op.MATMUL: 2, Op.CONV2D: None,
     Op.MAX_POOL2D: 1, Op.AVG_POOL2D: 1, Op.RESHAPE: 1, Op.PERMUTE: 1, Op.EXPAND: 1,
-    Op.CAT: None, Op.SELECT: None, Op.UPDATE: None, Op.GATHER: 2, Op.DIM: 1,
+    Op.CAT: None, Op.SELECT: None, Op.UPDATE: None, Op.GATHER: 2, Op.SCATTER: 3, Op.DIM: 1,
     Op.IF: None, Op.LOOP: None, Op.CALL: None,
 }
 
@@ -148,6 +149,20 @@ def _gather(x, idx, *, dim):
     return x[(slice(None),) * dim + (idx,)]
 
 
+def _scatter(x, idx, v, *, dim):
+    """y = x.clone(); y[(:,) * dim + (idx,)] = v: negative indices count from the end, as
+    GATHER's; v has exactly the shape of the rows written and x's dtype."""
+    expected = (*x.shape[:dim], *idx.shape, *x.shape[dim + 1:])
+    if idx.dim() != 1 or tuple(v.shape) != expected or v.dtype != x.dtype:
+        raise ValueError(f"scatter of {tuple(v.shape)} {v.dtype} rows at an index of shape {tuple(idx.shape)} into "
+                         f"{tuple(x.shape)} {x.dtype} along dim {dim}: expected {idx.dim() == 1 and expected} {x.dtype}")
+    if x.is_meta:
+        return torch.empty_like(x)
+    y = x.clone()
+    y[(slice(None),) * dim + (idx,)] = v
+    return y
+
+
 def _reduce(fn):
     def impl(x, *, dims=None, keepdim=False):
         return fn(x) if dims is None else fn(x, dim=dims, keepdim=keepdim)
@@ -200,6 +215,7 @@ SEMANTICS: dict[Op, Callable[..., torch.Tensor]] = {
     Op.SELECT: _select,
     Op.UPDATE: _update,
     Op.GATHER: _gather,
+    Op.SCATTER: _scatter,
     Op.DIM: lambda x, *, dim: torch.tensor(x.shape[dim], dtype=torch.int64, device=x.device),
 }
 

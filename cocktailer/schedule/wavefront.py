@@ -46,7 +46,7 @@ MIN_CO_SCHEDULED_WORK = 1 << 14
 # Data movement stays on all workers: it costs bytes, not work, and an UPDATE that writes one
 # row of a carried cache in place would become a copy of the whole cache if it ran side by
 # side (ops placed together cannot share buffers; a measured attention decoder ran 2x slower).
-MOVEMENT = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.CAT, Op.SELECT, Op.UPDATE, Op.GATHER})
+MOVEMENT = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.CAT, Op.SELECT, Op.UPDATE, Op.GATHER, Op.SCATTER})
 
 # A wave runs side by side only if its slowest group takes at most this much longer than an
 # even split of the wave's work over all workers (else each op runs on all workers in turn).

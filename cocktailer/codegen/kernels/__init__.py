@@ -15,10 +15,10 @@ What the backend core may rely on:
   with the same (numel, itemsize) need no barrier between them. Operands of other shapes
   (broadcast) are read anywhere.
 - A result must not overlap its operands, with these exceptions: a map op may write over an
-  operand of the result's shape and itemsize (same buffer); RESHAPE and UPDATE may write over
-  their first operand (same buffer), and then skip the copy.
+  operand of the result's shape and itemsize (same buffer); RESHAPE, UPDATE and SCATTER may
+  write over their first operand (same buffer), and then skip the copy.
 - `fail` is only called before a kernel writes anything, on data every worker reads whole
-  (dynamic indices, GATHER's index tensor, a broadcast integer divisor), so all workers take
+  (dynamic indices, GATHER's and SCATTER's index tensors, a broadcast integer divisor), so all workers take
   it together.
 - Kernels never allocate; the GEMM keeps its packed blocks on the worker's stack (up to
   ~600 KiB for convolutions/GEMMs with more than 64 output rows, 200 KiB otherwise), which the
@@ -30,7 +30,7 @@ What the backend core may rely on:
 | reduce.py      | SUM MEAN PROD AMAX AMIN ANY ALL ARGMAX ARGMIN SOFTMAX LOG_SOFTMAX          |
 | matmul.py      | MATMUL (GEMV/GEMM paths over gemm.py's micro-kernels)                      |
 | conv.py        | CONV2D (implicit GEMM) MAX_POOL2D AVG_POOL2D                               |
-| movement.py    | RESHAPE PERMUTE EXPAND CAT SELECT UPDATE GATHER                            |
+| movement.py    | RESHAPE PERMUTE EXPAND CAT SELECT UPDATE GATHER SCATTER                    |
 | gemm.py        | the float32 GEMM engine in C (part of PRELUDE)                             |
 | convgemm.py    | its convolution side: im2col packer, direct (no im2col) convolution        |
 | prelude.py     | PRELUDE: math helpers, work splitting                                      |
@@ -65,7 +65,7 @@ KERNELS: dict[Op, Renderer] = {
     Op.CONV2D: conv.render_conv2d, Op.MAX_POOL2D: conv.render_pool, Op.AVG_POOL2D: conv.render_pool,
     Op.RESHAPE: movement.render_reshape, Op.PERMUTE: movement.render_permute, Op.EXPAND: movement.render_expand,
     Op.CAT: movement.render_cat, Op.SELECT: movement.render_select, Op.UPDATE: movement.render_update,
-    Op.GATHER: movement.render_gather, Op.DIM: elementwise.render_dim,
+    Op.GATHER: movement.render_gather, Op.SCATTER: movement.render_scatter, Op.DIM: elementwise.render_dim,
 }
 
 _INTEGER_INDEX = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -97,6 +97,8 @@ def supported(op: Operation) -> bool:
         return all(v.type.dtype in _INTEGER_INDEX and v.type.shape == () for v in op.operands[first_dyn:])
     if kind is Op.GATHER:
         return op.operands[1].type.dtype in _INTEGER_INDEX
+    if kind is Op.SCATTER:
+        return op.operands[1].type.dtype in _INTEGER_INDEX and op.operands[1].type.rank == 1
     return True
 
 

@@ -1,4 +1,4 @@
-"""Data movement: RESHAPE, PERMUTE, EXPAND, CAT, SELECT, UPDATE, GATHER.
+"""Data movement: RESHAPE, PERMUTE, EXPAND, CAT, SELECT, UPDATE, GATHER, SCATTER.
 
 SELECT/UPDATE keys are resolved at compile time into a strided view of the operand (a base
 offset plus one stride per result dim) -- Python slice semantics via `slice.indices` -- except
@@ -6,6 +6,8 @@ for ("dyn",) items, whose index is read at run time from a 0-d integer operand, 
 Python and bounds-checked (every worker checks the same value, so all fail together).
 UPDATE copies x and overwrites the region with v broadcast; each worker writes only the
 elements in its own block of the result, so no barrier is needed between the two steps.
+SCATTER (GATHER's inverse, rows put at an index tensor's positions) is split the same way; both
+skip the copy where the result is their first operand's own buffer (written in place).
 """
 from __future__ import annotations
 
@@ -210,4 +212,35 @@ def render_gather(op: Operation, ctx: KernelContext) -> str:
                  f"const int64_t k_p = k_t / {NI}, k_i = k_t - k_p * {NI};",
                  f"const int64_t k_s = (k_p * {D} + ck_wrap((int64_t)k_ix[k_i], {D})) * {Q};",
                  f"memcpy(k_y + k_t * {Q}, k_x + k_s, {Q} * sizeof({T}));" if Q != 1 else "k_y[k_t] = k_x[k_s];",
+                 "}")
+
+
+# -- SCATTER --------------------------------------------------------------------------------
+
+def render_scatter(op: Operation, ctx: KernelContext) -> str:
+    """y = x with y[p, idx[i], q] = v[p, i, q]. Every worker copies its own block of x and then
+    writes the parts of the indexed rows that fall in that block (it walks all of them: there
+    are as many as the index has entries), so no barrier is needed between the steps; a
+    repeated index keeps its last row."""
+    x, idx, v = op.operands
+    out = op.results[0]
+    d = op.attrs["dim"]
+    shape = c_shape(ctx, x.type.shape)
+    P, D, Q, NI = numel(shape[:d]), shape[d], numel(shape[d + 1:]), numel(c_shape(ctx, idx.type.shape))
+    n = numel(shape)
+    if n == 0:
+        return ""
+    T, I = ctype(out.type.dtype), ctype(idx.type.dtype)
+    return block(f"{T}* k_y = {ctx.ptr(out)}; const {T}* k_x = {ctx.ptr(x)}; const {T}* k_v = {ctx.ptr(v)};",
+                 f"const {I}* k_ix = {ctx.ptr(idx)};",
+                 "int k_bad = 0;",   # every worker checks every index, so all agree
+                 f"for (int64_t k_i = 0; k_i < {NI}; ++k_i) k_bad |= ck_wrap((int64_t)k_ix[k_i], {D}) < 0;",
+                 f"if (k_bad) {ctx.fail(f'index out of range for dimension {d} of size {D}')}",
+                 split(ctx, n, grain(out.type.dtype)),
+                 f"if (k_hi > k_lo && k_y != k_x) memcpy(k_y + k_lo, k_x + k_lo, (size_t)(k_hi - k_lo) * sizeof({T}));",
+                 f"for (int64_t k_t = 0; k_t < {product(P, NI)}; ++k_t) {{",
+                 f"const int64_t k_p = k_t / {NI}, k_i = k_t - k_p * {NI};",
+                 f"const int64_t k_s = (k_p * {D} + ck_wrap((int64_t)k_ix[k_i], {D})) * {Q};",
+                 f"const int64_t k_a = CK_MAX(k_s, k_lo), k_b = CK_MIN(k_s + {Q}, k_hi);",
+                 f"if (k_b > k_a) memcpy(k_y + k_a, k_v + k_t * {Q} + (k_a - k_s), (size_t)(k_b - k_a) * sizeof({T}));",
                  "}")
