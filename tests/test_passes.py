@@ -305,6 +305,27 @@ def test_update_of_a_carried_cache_writes_in_place_unless_the_old_value_is_read_
                     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_results_are_computed_in_the_callers_output_buffers():
+    """The entry's results made by its top-level ops are written where the caller wants them
+    (no copy from the arena at the end); a loop's results stay in its carried buffers."""
+    from cocktailer.schedule.memory import plan_memory
+
+    def f(x, y):
+        a = torch.tanh(x) + y
+        for _ in range(3):
+            y = y * 0.5 + a
+        return a, x * 2, a, y
+    args = (torch.randn(5, 3), torch.randn(5, 3))
+    program = cocktailer.capture(f, args)
+    plan = plan_memory(program)
+    spaces = [(plan.of(v).space, plan.of(v).offset) for v in program.functions[program.entry].body.yields]
+    assert spaces[:2] == [("output", 0), ("output", 1)] and spaces[2][0] != "output"
+    for backend in backends_under_test():
+        fast = cocktailer.compile(f, args, backend=backend)
+        for got, want in zip(fast(*args), f(*args)):
+            torch.testing.assert_close(got, want)
+
+
 def nested_loops_each_with_two_recurrences(x, data, c):
     for _ in range(3):
         x = torch.tanh(x + 1.0)

@@ -73,6 +73,8 @@ class Renderer:
             return f"(({ty}*)in[{buf.offset}])"
         if buf.space == "const":
             return f"(({ty}*)cst[{buf.offset}])"
+        if buf.space == "output":
+            return f"(({ty}*)out[{buf.offset}])"
         if buf.space == "local":
             return f"(&CT_L[{buf.offset}])"
         if buf.space == "dynamic":   # at the offset the runtime computed for this call's sizes
@@ -197,6 +199,10 @@ class Renderer:
     def moves(self, sources: list[Value], targets: list[Value], base_src=None, base_dst=None) -> list[tuple]:
         return [(self.byte_ptr(t, base_dst), self.byte_ptr(s, base_src), self.nbytes(t.type))
                 for s, t in zip(sources, targets) if not self._same_memory(s, t, base_src, base_dst)]
+
+    def _computed_in_output(self, v: Value, k: int) -> bool:
+        buf = self.plan.of(v)
+        return buf.space == "output" and buf.offset == k
 
     def _same_memory(self, s: Value, t: Value, base_src, base_dst) -> bool:
         """Whether s and t are one buffer (inputs and constants are the same wherever they are
@@ -357,7 +363,7 @@ class Renderer:
         self.block(self.up.functions[self.program.entry])
         self.emit(d.barrier)
         outs = [(f"((char*)out[{k}])", self.byte_ptr(v), self.nbytes(v.type))
-                for k, v in enumerate(main.body.yields)]
+                for k, v in enumerate(main.body.yields) if not self._computed_in_output(v, k)]
         self.copies(outs)
         self.emit("goto ct_end;")
         for name in self.program.functions:

@@ -9,6 +9,8 @@
 - loop-carried values get buffers that hold them across iterations (the body's yields are
   copied into them), a loop's condition region reads the same buffers as its body;
 - branch results are buffers both branches copy their yields into;
+- the entry's results made by its top-level data ops are computed in the caller's output
+  buffers, not copied there from the arena at the end;
 - loop counters and trip counts are per-worker slots ("locals"), one set per frame;
 - values of a symbolic size (`ir.Sym`: known at call time) get slots after the entry
   function's arena, shared by values of the same size whose live intervals do not overlap:
@@ -25,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from cocktailer.ir import Function, Op, Operation, Program, Region, Sym, SymbolicSizeError, TensorType, Value
+from cocktailer.ir import CONTROL, Function, Op, Operation, Program, Region, Sym, SymbolicSizeError, TensorType, Value
 from cocktailer.ir.analysis import independent_call_runs
 from cocktailer.schedule.wavefront import co_scheduled
 
@@ -35,8 +37,9 @@ ALIGN = 64
 @dataclass
 class Buffer:
     space: str      # "input", "const", "arena" (entry function), "frame" (other functions), "local",
-                    # "dynamic" (a symbolic size, after the arena), "frame_dynamic" (one after the frame)
-    offset: int     # bytes into arena/frame, index into the input/const table, local slot, or dynamic slot
+                    # "dynamic" (a symbolic size, after the arena), "frame_dynamic" (one after the frame),
+                    # "output" (an entry's result computed in the caller's output buffer)
+    offset: int     # bytes into arena/frame, index into the input/const/output table, local slot, or dynamic slot
     nbytes: int | None   # None: an input of a symbolic size (read in place, never copied or planned)
 
 
@@ -230,6 +233,10 @@ def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool, wa
                 cond_aliases[c.id] = b.id
                 skip.add(c.id)
     in_place = _in_place_updates(fn, intervals, skip)
+    if space == "arena":
+        for vid, (k, v) in _computed_into_outputs(fn, in_place, skip).items():
+            plan.buffers[vid] = Buffer("output", k, None if v.type.syms else _nbytes(v))
+            skip.add(vid)
     symbolic = [vid for vid, v in intervals.values.items() if vid not in skip and vid not in in_place and v.type.syms]
     table, dynamic_space = (plan.dynamic, "dynamic") if space == "arena" else (plan.frame_dynamic, "frame_dynamic")
     for vid, slot in _dynamic_slots(intervals, symbolic, table).items():
@@ -244,6 +251,21 @@ def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool, wa
         plan.buffers[c] = plan.buffers[b]
     plan.locals_per_frame = max(plan.locals_per_frame, slots)
     return top
+
+
+def _computed_into_outputs(fn: Function, in_place: dict[int, int], skip: set[int]) -> dict[int, tuple[int, Value]]:
+    """The entry's results that its ops can write straight into the caller's output buffers
+    (instead of the arena, then copied): made by a data op of the top-level region, returned
+    once, and sharing no buffer with another value (an update written in place). A caller
+    that hands the same memory as an input and as the output of a SCATTER or UPDATE of that
+    input (`batching.loops`, a buffer of all lanes' rows) gets the write in place."""
+    made = {r.id for op in fn.body.ops if op.op not in CONTROL and op.op is not Op.CONST for r in op.results}
+    shared = set(in_place) | set(in_place.values())
+    counts: dict[int, int] = {}
+    for v in fn.body.yields:
+        counts[v.id] = counts.get(v.id, 0) + 1
+    return {v.id: (k, v) for k, v in enumerate(fn.body.yields)
+            if v.id in made and counts[v.id] == 1 and v.id not in shared and v.id not in skip}
 
 
 def _in_place_updates(fn: Function, intervals: _Intervals, skip: set[int]) -> dict[int, int]:

@@ -97,7 +97,7 @@ class SimplePolicy:
         """The shared memory a value occupies (inputs and constants are never written;
         locals are per worker)."""
         buf = self.plan.of(v)
-        if buf.space in ("dynamic", "frame_dynamic"):   # a slot of its own
+        if buf.space in ("dynamic", "frame_dynamic", "output"):   # a slot (an output buffer) of its own
             return (buf.space, buf.offset, buf.offset + 1)
         return (buf.space, buf.offset, buf.offset + buf.nbytes) if buf.space in ("arena", "frame") else None
 
