@@ -691,6 +691,125 @@ def test_loop_programs_name_the_instances_that_index_past_their_own_rows():
     assert e.value.positions == [1, 3]
 
 
+class Toggle(nn.Module):
+    """At each of its own `steps`, one of two cells, as the instance's own flag for the step
+    says (a branch decided by an input: instances take different arms at the same step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, xs, flags, steps):
+        h = xs.new_zeros(4)
+        for t in range(steps):
+            if flags[t] > 0:
+                h = torch.tanh(self.a(h) + xs[t])
+            else:
+                h = torch.sigmoid(self.b(h)) - xs[-1 - t]
+        return h
+
+
+def _loop_programs(batched) -> list:
+    """The loop programs of every executor of `batched` (instances of size 1 have their own)."""
+    from cocktailer.batching.loops import LoopProgram
+    return [loop for executor in batched._executors.values() for loop in executor._loops.values()
+            if isinstance(loop, LoopProgram)]
+
+
+def _toggles(specs) -> list[tuple]:
+    """(rows, flags, steps) per instance from (rows, steps) pairs: random flags of its own."""
+    g = torch.Generator().manual_seed(5)
+    return [(randn(n, 4, seed=k), torch.randint(2, (n,), generator=g), torch.tensor(steps))
+            for k, (n, steps) in enumerate(specs)]
+
+
+@native
+def test_a_loop_whose_branch_its_inputs_decide_runs_each_arm_on_its_own_lanes_in_one_native_call():
+    instances = _toggles([(9, 9), (40, 40), (1, 1), (40, 17), (6, 0), (25, 25)])
+    batched = assert_batch_matches(Toggle().eval(), instances)
+    assert batched.schedule.loop_programs == 1 and not batched.schedule.stepped_loops
+    assert batched.schedule.branches == 0, "no branch split in Python: each step's arms are groups of the native loop"
+    loops = _loop_programs(batched)
+    assert loops and all(sorted(loop.paths) == [0, 1] and loop.decide is not None for loop in loops)
+
+
+@native
+def test_a_branch_the_loop_decides_from_a_carried_value_keeps_it_stepping():
+    """`if h.sum() > 0` is known only step by step: the loop runs from Python, and says why."""
+    class SignFlip(nn.Module):
+        def forward(self, xs):
+            h = xs.new_zeros(3)
+            for t in range(xs.shape[0]):
+                h = h + xs[t] if h.sum() <= 0 else h - xs[t]
+            return h
+    batched = assert_batch_matches(SignFlip().eval(), [(randn(n, 3, seed=n),) for n in (5, 12, 1)])
+    assert batched.schedule.loop_programs == 0
+    assert "decided by a value the loop carries" in " ".join(batched.schedule.stepped_loops.values())
+
+
+@native
+def test_loop_programs_name_the_instances_whose_branch_reads_past_their_own_rows():
+    instances = _toggles([(9, 9), (4, 5), (12, 3), (6, 7)])
+    batched = assert_batch_matches(Toggle().eval(), [instances[0], instances[2]])
+    with pytest.raises(cocktailer.BatchInputError, match="instance 1: IndexError") as e:
+        with torch.no_grad():
+            batched(instances)
+    assert e.value.positions == [1, 3]
+
+
+class Scratchpad(nn.Module):
+    """A buffer of the sequence's own length written one row per step (as a KV cache or
+    SPINN's stack is): the row before read first (at t = 0 the last row: still zeros), the
+    row written from it, then read back after the write."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.Linear(4, 4)
+
+    def forward(self, xs):
+        buf = torch.zeros_like(xs)
+        h = xs.new_zeros(4)
+        for t in range(xs.shape[0]):
+            before = buf[t - 1]
+            buf[t] = torch.tanh(self.cell(xs[t]) + before)
+            h = h * 0.5 + buf[t]
+        return buf, h
+
+
+class Overtaking(Scratchpad):
+    """Reads row 0 (a copy, not a view, which would see the write), then writes row 0 with a
+    value that does not depend on what it read."""
+
+    def forward(self, xs):
+        buf = self.cell(xs)
+        h = xs.new_zeros(4)
+        for t in range(xs.shape[0]):
+            old = buf[0].clone()
+            buf[0] = xs[t] * 2
+            h = h + old
+        return buf, h
+
+
+@native
+def test_a_buffer_written_a_row_per_step_is_written_in_place():
+    """The buffer is not copied per step: the loop program writes each lane's row in one
+    buffer of all lanes' rows (SCATTER into its own input), and the buffer is the result."""
+    from cocktailer.ir import Op
+    batched = assert_batch_matches(Scratchpad().eval(), [(randn(n, 4, seed=n),) for n in (7, 30, 2, 7, 1, 12)])
+    assert batched.schedule.loop_programs == 1
+    loops = _loop_programs(batched)
+    assert loops and all(len(loop.kept) == 1 for loop in loops)
+    assert all(("buffer", *loop.kept) in body.outputs and any(op.op is Op.SCATTER for op in body.program.main.body.ops)
+               for loop in loops for body in loop.paths.values())
+
+
+@native
+def test_a_write_that_may_overtake_a_read_of_its_row_keeps_the_loop_stepping():
+    batched = assert_batch_matches(Overtaking().eval(), [(randn(n, 4, seed=n),) for n in (3, 8, 1)])
+    assert batched.schedule.loop_programs == 0
+    assert "may overtake a read" in " ".join(batched.schedule.stepped_loops.values())
+
+
 @native
 def test_a_loop_program_stops_at_max_iterations():
     batched = cocktailer.batch(CountedLoop().eval(), (randn(6, seed=0), torch.tensor(3)), max_iterations=10)
@@ -711,7 +830,8 @@ def test_weights_moved_out_of_loops_are_constants_of_the_native_code():
     batched = assert_batch_matches(BiRNN(hidden=5).eval(), [(randn(n, 5, seed=k),) for k, n in enumerate([3, 9])])
     (executor,) = batched._executors.values()
     loops = list(executor._loops.values())
-    assert len(loops) == 2 and all(kind != "shared" for loop in loops for kind, *_ in loop.level.inputs)
+    assert len(loops) == 2 and all(kind != "shared" for loop in loops for level in loop.levels
+                                   for kind, *_ in level.inputs)
     instances = [(randn(4, seed=k), torch.tensor(float(limit))) for k, limit in enumerate([3, 40])]
     batched = assert_batch_matches(UntilThreshold().eval(), instances)
     (executor,) = batched._executors.values()

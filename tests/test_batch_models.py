@@ -8,6 +8,7 @@ from cocktailer.data import chain_tree, perfect_tree, random_tree
 from cocktailer.models import throughput
 from cocktailer.models.throughput import INSTANCES, exit_layers, generated_nodes, transitions_for
 from cocktailer.models.tree import tree_inputs
+from cocktailer.runtime import find_compiler
 from test_batch import assert_batch_matches
 from utils import randn
 
@@ -84,7 +85,10 @@ def test_birnn_one_word_beside_sixty():
 def test_stackrnn_one_word_beside_sixty():
     model, _ = INSTANCES["stackrnn"](1, size="small", seed=0)
     trees = [random_tree(1, 0), chain_tree(59), random_tree(60, 1), random_tree(2, 2), perfect_tree(3)]
-    assert_batch_matches(model, [(randn(t.num_leaves, 8, seed=k), transitions_for(t)) for k, t in enumerate(trees)])
+    batched = assert_batch_matches(model, [(randn(t.num_leaves, 8, seed=k), transitions_for(t))
+                                           for k, t in enumerate(trees)])
+    if find_compiler() is not None:   # the loop, its SHIFT/REDUCE branch and its stack written in place: one call
+        assert batched.schedule.loop_programs == 1 and not batched.schedule.stepped_loops
 
 
 def test_nestedrnn_one_word_beside_twelve_with_20_and_40_inner_steps():

@@ -95,11 +95,14 @@ class LevelRun:
         self.alive: list = []   # what the entries point into
 
     def add(self, compiled: CompiledProgram, inputs: list[torch.Tensor], per_call: list[bool], widest: int,
-            outputs: list[torch.Tensor], flag: bool) -> int:
+            outputs: list[torch.Tensor], flag: bool, out_per_call: list[bool] | None = None) -> int:
         """Bind a level program; its index for `run`. `inputs`: its inputs, those `per_call` with
         one row per call id (contiguous), the others the same for every group; `outputs`: the
-        tables its results go to (one row per call id); `flag`: its last output says an index was
-        out of range. Bound at `widest` lanes, the most any of its groups has."""
+        tables its results go to, one row per call id, except those not `out_per_call` (default:
+        all are), which every group writes whole (a buffer written in place: the same tensor as
+        an input); `flag`: its last output says an index was out of range. Bound at `widest`
+        lanes, the most any of its groups has."""
+        out_per_call = [True] * len(outputs) if out_per_call is None else out_per_call
         inputs = [x.contiguous() for x in inputs]
         bound = compiled.bind([x[:widest] if lane else x for x, lane in zip(inputs, per_call)])
         lanes_at = [ERR_SIZES + k for k, (_, position, dim) in enumerate(compiled.entry.sizes)
@@ -107,7 +110,8 @@ class LevelRun:
         outs = [*outputs, bound.outputs[-1]] if flag else list(outputs)
         pointers = [_pointers([x.data_ptr() for x in inputs]), _pointers([y.data_ptr() for y in outs])]
         strides = [_strides([x.stride(0) * x.element_size() if lane else 0 for x, lane in zip(inputs, per_call)]),
-                   _strides([y.stride(0) * y.element_size() for y in outputs] + [0] * flag)]
+                   _strides([y.stride(0) * y.element_size() if lane else 0 for y, lane in zip(outputs, out_per_call)]
+                            + [0] * flag)]
         room = [(ctypes.c_void_p * max(len(inputs), 1))(), (ctypes.c_void_p * max(len(outs), 1))()]
         self.entries.append(LevelEntry(
             ctypes.cast(bound.function, ctypes.c_void_p).value, len(inputs), len(outs),

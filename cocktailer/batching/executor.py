@@ -611,7 +611,7 @@ class BatchedExecutor:
                               "level programs", lambda: level_program(plan, self.program, path, branches, self.ragged))
 
     def _straight(self, cache: dict, key, enabled: bool, what: str, build):
-        """cache[key]: what `build()` makes (a LevelProgram, or a LoopProgram holding one),
+        """cache[key]: what `build()` makes (a LevelProgram, or a LoopProgram holding several),
         compiled, or why there is none; built on first use."""
         if key not in cache:
             if not enabled:
@@ -624,9 +624,11 @@ class BatchedExecutor:
                 except NotImplementedError as e:
                     cache[key] = str(e)
                 else:
-                    level = made.level if isinstance(made, LoopProgram) else made
-                    (level.compiled,), notes = build_blocks([level.program])
-                    cache[key] = made if level.compiled is not None else notes[0]
+                    levels = made.levels if isinstance(made, LoopProgram) else [made]
+                    compiled, notes = build_blocks([level.program for level in levels])
+                    for level, c in zip(levels, compiled):
+                        level.compiled = c
+                    cache[key] = notes[0] if any(c is None for c in compiled) else made
         return cache[key]
 
     def _native_inspector(self, plan: LevelPlan) -> NativeInspector | str:

@@ -47,8 +47,11 @@ INSTANCES_SYM = Sym("instances", hint=5)
 class LevelProgram:
     program: Program
     inputs: list[tuple]   # what each parameter takes: ("table", j), ("rows", j), ("whole", j), ("root",), ("arg", j),
-    #                       ("kids", s), ("results", k) or ("sizes", column); see `level_inputs`
+    #                       ("kids", s), ("results", k) or ("sizes", column); see `level_inputs` (and loop
+    #                       programs' ("carried", k), ("source",), ("buffer", k), ("buffer_rows", k): `loops._inputs`)
     checks: bool          # whether the last output says an index was outside its instance's size
+    outputs: list[tuple]  # what each output is, before the flag: ("yield", i), the region's yield i per lane;
+    #                       ("buffer", k), carried buffer k written in place (the output IS its input ("buffer", k))
     compiled: object = None
 
 
@@ -112,9 +115,13 @@ class Straight:
     enters, by id: ("arg", j), one row per lane; ("stacked", j), each lane's instance's row of
     a tensor of one row per instance (`root` maps lanes to instances), read whole or, where the
     region indexes it, one row of it (a table); ("shared", j), the same for every lane;
-    ("const", op), made by `op` (a CONST or SCALAR: made again inside, as the region's own). `sites`:
-    the self-calls whose results come from the tables of the levels below; `control`: the ops
-    whose indices an inspector already checked; `taken`: the arm each branch takes, by id."""
+    ("const", op), made by `op` (a CONST or SCALAR: made again inside, as the region's own);
+    ("carried", k), a loop's carried value k, read from its table of every step's values at the
+    row the ("source",) input gives (the lanes come in another order every step); ("buffer", k),
+    a loop's carried value k kept in one buffer of all lanes' rows, read and written in place one
+    row at a time (`buffer_row`). `sites`: the self-calls whose results come from the tables of
+    the levels below; `control`: the ops whose indices an inspector already checked; `taken`:
+    the arm each branch takes, by id."""
 
     def __init__(self, body: Region, program: Program, ragged: list, outer: dict[int, tuple], *,
                  sites: tuple = (), control: frozenset = frozenset(), taken: dict | None = None):
@@ -126,19 +133,33 @@ class Straight:
         self.kinds: list[tuple] = []
         self.ops: list[Operation] = []
         self.bad: Value | None = None   # any index outside its instance's size so far
+        self.versions: dict[int, tuple[int, Value]] = {}   # id of a region value that is carried buffer k -> (k, here)
+        self.reads: dict[int, list[Value]] = {}   # buffer k -> the rows read of it so far
+        self.written: dict[int, Value] = {}       # buffer k -> its version after this step's write
 
     def build(self) -> LevelProgram:
-        for y in self.body.yields:
-            if y.type.syms:
+        kept = {j for kind, j in self.outer.values() if kind == "buffer"}
+        for i, y in enumerate(self.body.yields):
+            if y.type.syms and i not in kept:
                 raise NotImplementedError("a result's size is known only per call")
         self.region(self.body)
-        yields = [self.lanes(self.value(y)) for y in self.body.yields]
+        yields, outputs = [], []
+        for i, y in enumerate(self.body.yields):
+            version = self.buffer(y)
+            if version is None:
+                yields.append(self.lanes(self.value(y)))
+                outputs.append(("yield", i))
+            elif version[0] != i:
+                raise NotImplementedError(f"carried value {version[0]}, kept in place, is carried on as another")
+            elif version[0] in self.written:
+                yields.append(version[1])
+                outputs.append(("buffer", i))
         if self.bad is not None:
             yields.append(self.bad)
         main = Function("main", Region(self.params, self.ops, yields))
         program = dce(Program({"main": main}, "main", self.program.constants, self.program.device,
                               sizes=sizes_of(self.params)))
-        return LevelProgram(program, self.kinds, self.bad is not None)
+        return LevelProgram(program, self.kinds, self.bad is not None, outputs)
 
     # ------------------------------------------------------------------ values
 
@@ -169,6 +190,13 @@ class Straight:
         if kind == "const":   # a weight or a literal, made again here as the body's own are
             self.rename[v.id] = self.emit(j.op, [], v.type, False, **j.attrs)
             return self.rename[v.id]
+        if kind == "carried":   # row `source` of the table of every step's values
+            source = self.input(("source",), TensorType((LANES,), torch.int64), lane=True)
+            table = self.input(("carried", j), TensorType((Sym(f"carried{j}", hint=17), *v.type.shape), v.type.dtype))
+            self.rename[v.id] = self.emit(Op.GATHER, [table, source], _over_lanes(v.type), True, dim=0)
+            return self.rename[v.id]
+        if kind == "buffer":
+            raise NotImplementedError(f"carried value {j}, kept in place, is used other than one row at a time")
         if kind == "shared":
             if v.type.syms:
                 raise NotImplementedError(f"value {j} from outside, the same in every lane, has a symbolic size")
@@ -202,6 +230,8 @@ class Straight:
             return self.call(op)
         if kind in CONTROL:
             raise NotImplementedError(f"the body holds a {kind.name.lower()}")
+        if kind in (Op.SELECT, Op.UPDATE) and self.buffer(op.operands[0]) is not None:
+            return self.buffer_row(op)
         if kind is Op.SELECT and self.outer.get(op.operands[0].id, ("",))[0] == "stacked":
             return self.read_table(op)
         if kind is Op.DIM:
@@ -247,11 +277,16 @@ class Straight:
 
     def branch(self, op: Operation):
         if id(op) not in self.taken:
-            raise NotImplementedError("a branch the inspector does not decide")
+            raise NotImplementedError("a branch not decided before the program runs (by the inspector, or, in a loop, "
+                                      "by the program of its condition: not inside another branch)")
         arm = op.regions[0] if self.taken[id(op)] else op.regions[1]
         self.region(arm)
         for r, y in zip(op.results, arm.yields):
-            self.rename[r.id] = self.value(y)
+            version = self.buffer(y)
+            if version is not None:
+                self.versions[r.id] = version
+            else:
+                self.rename[r.id] = self.value(y)
 
     def call(self, op: Operation):
         if op not in self.sites:
@@ -260,6 +295,82 @@ class Straight:
         for k, r in enumerate(op.results):
             table = self.input(("results", k), TensorType((CALLS_SYM, *r.type.shape), r.type.dtype))
             self.rename[r.id] = self.emit(Op.GATHER, [table, kids], _over_lanes(r.type), True, dim=0)
+
+    # ------------------------------------------------------------------ carried buffers
+
+    def buffer(self, v: Value) -> tuple[int, Value] | None:
+        """(k, its value here) where `v` is a version of carried buffer k, else None."""
+        if v.id in self.versions:
+            return self.versions[v.id]
+        kind, k = self.outer.get(v.id, (None, None))
+        if kind != "buffer":
+            return None
+        flat = self.input(("buffer", k), TensorType((Sym(f"buffer{k}", hint=13), *v.type.shape[1:]), v.type.dtype))
+        self.versions[v.id] = (k, flat)
+        return self.versions[v.id]
+
+    def buffer_row(self, op: Operation):
+        """`buf[i]` or `buf[i] = x` of a carried buffer: row root * rows + i of all lanes' rows,
+        read by a GATHER or written in place by a SCATTER. The write must be the step's only
+        one, and come after (depend on) every read of the rows it may overwrite."""
+        x = op.operands[0]
+        k, current = self.buffer(x)
+        key = op.attrs["key"]
+        if len(key) != 1 or key[0][0] not in ("dyn", "int"):
+            raise NotImplementedError(f"carried value {k}, kept in place, is indexed other than by one row")
+        if k in self.written and current is not self.written[k]:
+            raise NotImplementedError(f"carried value {k}, kept in place, is read as it was before this step wrote it")
+        index = self.row_index(op.operands[1 if op.op is Op.SELECT else 2] if key[0][0] == "dyn" else int(key[0][1]),
+                               k, x)
+        if op.op is Op.SELECT:
+            row = self.emit(Op.GATHER, [current, index], _over_lanes(op.results[0].type), True, dim=0)
+            self.rename[op.results[0].id] = row
+            self.reads.setdefault(k, []).append(row)
+            return
+        if k in self.written:
+            raise NotImplementedError(f"carried value {k}, kept in place, is written twice in one step")
+        value = op.operands[1]
+        if value.type.shape != x.type.shape[1:] or value.type.dtype != x.type.dtype:
+            raise NotImplementedError(f"a write into carried value {k}, kept in place, is not one whole row")
+        value = self.lanes(self.value(value))
+        before = self.ancestors([value, index])
+        if any(row.id not in before for row in self.reads.get(k, [])):
+            raise NotImplementedError(f"a write into carried value {k}, kept in place, may overtake a read of it")
+        self.written[k] = self.emit(Op.SCATTER, [current, index, value], current.type, False, dim=0)
+        self.versions[op.results[0].id] = (k, self.written[k])
+
+    def row_index(self, index: Value | int, k: int, x: Value) -> Value:
+        """The row of all lanes' rows that lane's `index` into carried buffer k names."""
+        i64 = TensorType((), torch.int64)
+        if isinstance(index, int):
+            index = self.emit(Op.SCALAR, [], i64, False, value=index, dtype=torch.int64)
+        else:
+            index = self.value(index)
+            if index.type.dtype is not torch.int64:
+                index = self.emit(Op.CAST, [index], TensorType(index.type.shape, torch.int64), index.id in self.lane,
+                                  dtype=torch.int64)
+        root = self.input(("root",), TensorType((LANES,), torch.int64), lane=True)
+        rows = self.input(("buffer_rows", k), i64)
+        size = rows
+        if x.type.shape[0] in self.ragged:
+            sizes = self.input(("sizes", self.ragged.index(x.type.shape[0])), TensorType((INSTANCES_SYM,), torch.int64))
+            size = self.emit(Op.GATHER, [sizes, root], TensorType((LANES,), torch.int64), True, dim=0)
+        index = self.own_index(index, size, check=True)
+        lanes = TensorType((LANES,), torch.int64)
+        return self.emit(Op.ADD, [self.emit(Op.MUL, [root, rows], lanes, True), index], lanes, True)
+
+    def ancestors(self, values: list[Value]) -> set[int]:
+        """The ids of the values (of the ops emitted so far) that `values` are computed from."""
+        made = {r.id: op for op in self.ops for r in op.results}
+        seen, todo = set(), [v.id for v in values]
+        while todo:
+            vid = todo.pop()
+            if vid in seen:
+                continue
+            seen.add(vid)
+            if vid in made:
+                todo += [v.id for v in made[vid].operands]
+        return seen
 
     def read_table(self, op: Operation):
         """`table[i]` of a table each lane's instance has: row root * rows + i of the stacked tables."""

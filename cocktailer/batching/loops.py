@@ -1,28 +1,38 @@
 """Loop programs: a counted loop, every step for every lane, as one call of native code.
 
 A loop whose trip count is known when it starts (`for t in range(n)`, n of each lane's own)
-and whose body is a straight line (no branch, loop or call inside: `levels.Straight`) runs as
-the body's program over `LANES` lanes, called once per step by the native level loop
+and whose body is a straight line once its branches are decided (`levels.Straight`) runs as
+the body's program over `LANES` lanes, called once per step and arm by the native level loop
 (`codegen.level_loop`) instead of by Python one step at a time (the Cocktailer part: the
 loop's control flow inside the compiled code; the shrinking active set is ACROBAT's):
 
-- the lanes are sorted by trip count, longest first, so that the lanes still in the loop at
-  step t are the first n_t of them: step t is the group of rows t*L .. t*L + n_t (L lanes);
-- each carried value lives in a table of T+1 blocks of L rows: step t reads block t and writes
-  block t+1, found by offsetting row pointers, so nothing is prepared per step. A lane's final
-  value is in block `trip` of its row, which no later step writes (later steps run fewer lanes);
+- every step has a block of L rows (L lanes), holding the lanes still in the loop at that step
+  first (the lanes are sorted by trip count, longest first) and, where the body branches, those
+  taking the same arms next to each other: each arm runs on its own lanes (ACROBAT's ghost
+  operators), never both arms masked. A step is then one group of rows per set of arms taken;
+- a branch is decided before the loop runs, for every lane and step at once, by a program of
+  the ops its condition reads (the shift/reduce transition of step t, say); a condition that
+  reads a carried value keeps the loop stepping in Python, since it is known only step by step;
+- each carried value lives in a table of T+1 blocks: step t reads block t and writes block
+  t+1, found by offsetting row pointers; where the lanes change order between steps (branches)
+  each row reads its lane's previous row through an index (the gather fused into the kernel).
+  A lane's final value is in block `trip`, which no later step writes;
+- a carried value the body only reads and writes a row at a time (a stack, a cache: `buf[i]`,
+  `buf[i] = x`) is not copied per step but kept in one buffer of every lane's rows and written
+  in place (a SCATTER into its own buffer), when the step writes it once, after the reads the
+  write depends on;
 - the counter is an input of one row per lane: block t of it holds t in every row;
 - a value stacked from every step (`outs.append(h)` ... `torch.stack(outs)`) lives in a table of
-  T blocks of L rows, step t writing block t; each lane's rows past its own trip count are zeros
+  T blocks, step t writing block t; each lane's rows past its own trip count are zeros
   (padding, as when the executor steps the loop);
 - what the body reads from outside the loop: a weight or literal defined again inside (packed
   once, when the program loads: `blocks.constant_source`); another value the same for every
-  lane as it is; a value of one row per lane either whole (each lane's row gathered through the sort)
-  or, where the body indexes it (`x[t]`), one row of it read in the kernel (the gather fused),
-  counted from the lane's own end when negative and checked against the lane's own size.
+  lane as it is; a value of one row per lane either whole (each lane's row gathered) or, where
+  the body indexes it (`x[t]`), one row of it read in the kernel (the gather fused), counted
+  from the lane's own end when negative and checked against the lane's own size.
 
-A loop this cannot hold (it ends on a condition, has control flow inside) runs step by step in
-the executor, as before.
+A loop this cannot hold (it ends on a condition, holds a loop or a call, or a branch inside a
+branch or decided by a carried value) runs step by step in the executor, as before.
 """
 from __future__ import annotations
 
@@ -34,14 +44,25 @@ from cocktailer.backend.batched import LevelRun
 from cocktailer.batching.blocks import LANES, constant_source
 from cocktailer.batching.lanes import Lanes, rows
 from cocktailer.batching.levels import LevelProgram, Straight
-from cocktailer.ir import Operation, Program, Value
+from cocktailer.ir import CONTROL, Op, Operation, Program, Region, TensorType, Value
+
+MAX_BRANCHES = 3   # branches in a loop body a loop program decides: one program per set of arms, 2**n
+ADVANCING = ("arg", "root", "source")   # the inputs of one row per step and lane
 
 
 @dataclass
 class LoopProgram:
-    level: LevelProgram     # the body over LANES lanes, built and compiled
-    outside: list[Value]    # the values the body reads from outside the loop (`("whole" | "table" | "shared", j)`)
-    stacked: int            # how many of its yields, after the carried values, are stacked from every step
+    paths: dict[int, LevelProgram]   # the body for the lanes that take the arms `path` (bit b: the first arm
+    #                                  of the body's b-th branch); {0: body} where it has none
+    decide: LevelProgram | None      # the branches' conditions, for any (step, lane) rows; None: no branch
+    outside: list[Value]             # the values the body reads from outside the loop (`("whole" | "table" | "shared", j)`)
+    types: list[TensorType]          # the body's yields, one lane's: the carried values, then the stacked ones
+    carried: int                     # how many of its yields are carried values
+    kept: frozenset[int]             # the carried values kept in a buffer written in place
+
+    @property
+    def levels(self) -> list[LevelProgram]:
+        return [*([self.decide] if self.decide is not None else []), *self.paths.values()]
 
 
 def loop_program(op: Operation, program: Program, ragged: list, varying: set[int],
@@ -52,18 +73,126 @@ def loop_program(op: Operation, program: Program, ragged: list, varying: set[int
     if op.loop_cond is not None:
         raise NotImplementedError("the loop ends on a condition, not a count")
     body = op.loop_body
-    outer = {p.id: ("arg", k) for k, p in enumerate(body.params)}   # the counter, then the carried values
+    branches = [o for o in body.ops if o.op is Op.IF]
+    if len(branches) > MAX_BRANCHES:
+        raise NotImplementedError(f"the body holds more than {MAX_BRANCHES} branches")
+    carried = len(op.loop_inits)
+    kept = frozenset(k for k, p in enumerate(body.params[1:]) if _rows_only(p, k, body))
+    outer = {body.params[0].id: ("arg", 0)}   # the counter
+    for k, p in enumerate(body.params[1:]):
+        outer[p.id] = ("buffer", k) if k in kept else ("carried", k) if branches else ("arg", k + 1)
     outside = body.outside_reads()
     for j, v in enumerate(outside):
         source = constant_source(v, producers)
         outer[v.id] = ("stacked", j) if v.id in varying else ("const", source) if source else ("shared", j)
-    straight = Straight(body, program, ragged, outer)
+    paths = {path: _body(body, program, ragged, outer, {id(b): bool(path >> i & 1) for i, b in enumerate(branches)})
+             for path in range(2 ** len(branches))}
+    decide = _decider(body, branches, program, ragged, outer) if branches else None
+    return LoopProgram(paths, decide, outside, [y.type for y in body.yields], carried, kept)
+
+
+def _body(body: Region, program: Program, ragged: list, outer: dict, taken: dict) -> LevelProgram:
+    straight = Straight(body, program, ragged, outer, taken=taken)
     for p in body.params:   # first, so that the lane count is read from a per-step input
-        straight.value(p)
+        if outer[p.id][0] != "buffer":
+            straight.value(p)
     level = straight.build()
-    if not any(sym == LANES and level.inputs[position][0] == "arg" for sym, position, _ in level.program.sizes):
+    if not any(sym == LANES and level.inputs[position][0] in ADVANCING for sym, position, _ in level.program.sizes):
         raise NotImplementedError("the lane count is not read from an input that advances with the steps")
-    return LoopProgram(level, outside, op.loop_stacked)
+    return level
+
+
+def _decider(body: Region, branches: list[Operation], program: Program, ragged: list, outer: dict) -> LevelProgram:
+    """The program of the ops the branches' conditions read (their slice), yielding each
+    condition per row: for rows of any steps and lanes at once, since it reads no carried value."""
+    carried = {p.id for p in body.params[1:]}
+    made = {r.id: o for o in body.ops for r in o.results}
+    needed, todo = set(), [b.operands[0].id for b in branches]
+    while todo:
+        vid = todo.pop()
+        if vid in carried:
+            raise NotImplementedError("a branch is decided by a value the loop carries (known only step by step)")
+        o = made.get(vid)
+        if o is None or id(o) in needed:
+            continue
+        if o.op in CONTROL:
+            raise NotImplementedError(f"a branch is decided by a value a {o.op.name.lower()} in the body computes")
+        needed.add(id(o))
+        todo += [v.id for v in o.operands]
+    slice_ = Region(list(body.params), [o for o in body.ops if id(o) in needed], [b.operands[0] for b in branches])
+    return Straight(slice_, program, ragged, outer).build()
+
+
+def _rows_only(p: Value, k: int, body: Region) -> bool:
+    """Whether the body uses carried value `p` (k-th) only a row at a time (`p[i]`, `p[i] = x`,
+    through the branches it passes) and carries its last version on as value k."""
+    if p.type.rank < 1:
+        return False
+    versions = {p.id}
+
+    def region_ok(region: Region) -> bool:
+        for o in region.ops:
+            for i, v in enumerate(o.operands):
+                if v.id in versions and not (o.op in (Op.SELECT, Op.UPDATE) and i == 0 and _one_row(o.attrs["key"])):
+                    return False
+            if o.op is Op.UPDATE and o.operands[0].id in versions:
+                versions.add(o.results[0].id)
+            if o.op is Op.IF:
+                if not all(region_ok(r) for r in o.regions):
+                    return False
+                versions.update(r.id for n, r in enumerate(o.results) if any(a.yields[n].id in versions for a in o.regions))
+            elif o.regions and any(v.id in versions for r in o.regions for v in r.outside_reads()):
+                return False
+        return True
+
+    return region_ok(body) and body.yields[k].id in versions and \
+        all(y.id not in versions for n, y in enumerate(body.yields) if n != k)
+
+
+def _one_row(key: tuple) -> bool:
+    return len(key) == 1 and key[0][0] in ("dyn", "int")
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@dataclass
+class _Layout:
+    """Where each lane's row of every step is: block t (rows t*L ..) holds the lanes in the loop
+    at step t, ordered by the arms they take, then by trip count (longest first)."""
+    order: torch.Tensor     # slot -> lane, longest trip first (block 0's order)
+    slot: torch.Tensor      # lane -> slot
+    lane_at: torch.Tensor   # row of any block -> its lane (rows past a step's lanes: 0)
+    row_of: torch.Tensor    # (steps, L): lane l's row in block t (where it is in the loop)
+    groups: list[tuple[int, int, int]]   # (first row, end row, path): the runs of rows taking the same arms
+
+
+def _active(trips: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (step, lane) pairs of the lanes in the loop at each step, step by step."""
+    return torch.nonzero(torch.arange(steps)[:, None] < trips[None, :], as_tuple=True)
+
+
+def _layout(trips: torch.Tensor, steps: int, count: int, path: torch.Tensor | None) -> _Layout:
+    order = torch.argsort(trips, descending=True, stable=True)
+    slot = torch.empty_like(order)
+    slot[order] = torch.arange(count)
+    t, lane = _active(trips, steps)
+    path = torch.zeros_like(t) if path is None else path
+    by = torch.argsort((t * (int(path.max()) + 1) + path) * count + slot[lane])
+    t, lane, path = t[by], lane[by], path[by]
+    still_in = torch.bincount(t, minlength=steps)
+    r = torch.arange(len(t)) - (torch.cumsum(still_in, 0) - still_in)[t]
+    rows_ = t * count + r
+    lane_at = torch.zeros(steps * count, dtype=torch.int64)
+    lane_at[rows_] = lane
+    row_of = torch.zeros((steps, count), dtype=torch.int64)
+    row_of[t, lane] = r
+    change = torch.ones(len(t), dtype=torch.bool)
+    change[1:] = (t[1:] != t[:-1]) | (path[1:] != path[:-1])
+    starts = torch.nonzero(change).flatten()
+    ends = torch.cat([starts[1:], torch.tensor([len(t)])]) - 1
+    groups = list(zip(rows_[starts].tolist(), (rows_[ends] + 1).tolist(), path[starts].tolist()))
+    return _Layout(order, slot, lane_at, row_of, groups)
 
 
 def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor, steps: int, carried: list,
@@ -72,49 +201,87 @@ def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tens
     its own trip count (`trips`, one per lane; `steps` the largest), starting from `carried`; `table(k, shape, dtype)`
     gives uninitialized memory for table k (the tables are dead once this returns: nothing it
     returns is in them). Raises IndexError where an index fell outside its lane's size."""
-    stacked_types = [y.type for y in loop.level.program.main.body.yields[len(carried):len(carried) + loop.stacked]]
+    stacked_types = loop.types[loop.carried:]
     if steps <= 0:
-        return carried + [Lanes(torch.empty((count, 0, *ty.shape[1:]), dtype=ty.dtype)) for ty in stacked_types]
-    order = torch.argsort(trips, descending=True, stable=True)   # slot -> lane
-    slot = torch.empty_like(order)
-    slot[order] = torch.arange(count)
-    still_in = count - torch.cumsum(torch.bincount(trips.clamp(min=0), minlength=steps + 1), 0)[:steps]
+        return carried + [Lanes(torch.empty((count, 0, *ty.shape), dtype=ty.dtype)) for ty in stacked_types]
+    path = _decide(loop, env, count, trips, steps, per_lane_sizes) if loop.decide is not None else None
+    layout = _layout(trips, steps, count, path)
     tables = []
-    for k, (value, param) in enumerate(zip(carried, loop.level.program.main.params[1:len(carried) + 1])):
-        t = table(k, ((steps + 1) * count, *param.type.shape[1:]), param.type.dtype)
-        torch.index_select(rows(value, count), 0, order, out=t[:count])
+    for k, value in enumerate(carried):
+        value = rows(value, count)
+        if k in loop.kept:   # its own memory: it is returned
+            tables.append(value.contiguous().clone().view(-1, *value.shape[2:]))
+            continue
+        t = table(k, ((steps + 1) * count, *value.shape[1:]), value.dtype)
+        torch.index_select(value, 0, layout.order, out=t[:count])
         tables.append(t)
-    per_step = [table(len(carried) + j, (steps * count, *ty.shape[1:]), ty.dtype) for j, ty in enumerate(stacked_types)]
-    inputs, advancing = _inputs(loop, env, count, steps, order, tables, per_lane_sizes)
-    run = LevelRun()
-    run.add(loop.level.compiled, inputs, advancing, count, [t[count:] for t in tables] + per_step, loop.level.checks)
-    groups = [(t * count, t * count + n, 0) for t, n in enumerate(still_in.tolist())]
-    if run.run(groups) is not None:
+    per_step = [table(loop.carried + j, (steps * count, *ty.shape), ty.dtype) for j, ty in enumerate(stacked_types)]
+    per_row = {"counter": torch.arange(steps).repeat_interleave(count), "root": layout.lane_at,
+               "source": _sources(layout, steps, count)}
+    run, index = LevelRun(), {}
+    for p in sorted({p for _, _, p in layout.groups}):
+        level = loop.paths[p]
+        inputs, advancing = _inputs(level, loop, env, count, per_row, tables, per_lane_sizes)
+        outputs = [tables[i] if kind == "buffer" else tables[i][count:] if i < loop.carried else
+                   per_step[i - loop.carried] for kind, i in level.outputs]
+        widest = max(end - start for start, end, q in layout.groups if q == p)
+        index[p] = run.add(level.compiled, inputs, advancing, widest, outputs, level.checks,
+                           [kind != "buffer" for kind, _ in level.outputs])
+    if run.run([(start, end, index[p]) for start, end, p in layout.groups]) is not None:
         raise IndexError("an index is out of range for its instance's own size")
-    final = trips.clamp(min=0) * count + slot
-    return [Lanes(t.index_select(0, final)) for t in tables] + [_by_lane(t, steps, count, slot, trips)
-                                                                 for t in per_step]
+    lanes = torch.arange(count)
+    final = torch.where(trips > 0, trips * count + layout.row_of[(trips - 1).clamp(min=0), lanes], layout.slot)
+    return [Lanes(t.view(count, -1, *t.shape[1:]) if k in loop.kept else t.index_select(0, final))
+            for k, t in enumerate(tables)] + [_by_lane(t, steps, count, layout, trips) for t in per_step]
 
 
-def _by_lane(table: torch.Tensor, steps: int, count: int, slot: torch.Tensor, trips: torch.Tensor) -> Lanes:
-    """A stacked value's table (a block of rows per step, in slot order) as one row per lane of
-    every step's values, zeros past the lane's own trip count (rows no step wrote)."""
-    out = table.view(steps, count, *table.shape[1:]).index_select(1, slot).movedim(1, 0)
+def _decide(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor, steps: int, per_lane_sizes) -> torch.Tensor:
+    """The arms (a path, bit b the first arm of branch b) each lane takes at each step where it
+    is in the loop, in `_active`'s order: the decider's one native call over all those rows."""
+    t, lane = _active(trips, steps)
+    level = loop.decide
+    inputs, advancing = _inputs(level, loop, env, count, {"counter": t, "root": lane}, [], per_lane_sizes)
+    conditions = [torch.empty(len(t), dtype=torch.bool) for _ in level.outputs]
+    run = LevelRun()
+    run.add(level.compiled, inputs, advancing, len(t), conditions, level.checks)
+    if run.run([(0, len(t), 0)]) is not None:
+        raise IndexError("an index is out of range for its instance's own size")
+    return sum(c.to(torch.int64) << b for b, c in enumerate(conditions))
+
+
+def _sources(layout: _Layout, steps: int, count: int) -> torch.Tensor:
+    """Row r of block t: the row of its carried values' table that holds its lane's values
+    after step t - 1 (in block t, where step t - 1 wrote them, or block 0 at the start)."""
+    t = torch.arange(steps).repeat_interleave(count)
+    lane = layout.lane_at
+    before = torch.where(t > 0, layout.row_of[(t - 1).clamp(min=0), lane], layout.slot[lane])
+    return t * count + before
+
+
+def _by_lane(table: torch.Tensor, steps: int, count: int, layout: _Layout, trips: torch.Tensor) -> Lanes:
+    """A stacked value's table (a block of rows per step) as one row per lane of every step's
+    values, zeros past the lane's own trip count (rows no step wrote for it)."""
+    at = torch.arange(steps)[None, :] * count + layout.row_of.T
+    out = table.index_select(0, at.flatten()).view(count, steps, *table.shape[1:])
     past = torch.arange(steps)[None, :] >= trips[:, None]
     return Lanes(out.masked_fill(past.view(count, steps, *[1] * (out.dim() - 2)), 0))
 
 
-def _inputs(loop: LoopProgram, env: dict, count: int, steps: int, order: torch.Tensor, tables: list,
+def _inputs(level: LevelProgram, loop: LoopProgram, env: dict, count: int, per_row: dict, tables: list,
             per_lane_sizes) -> tuple[list, list[bool]]:
-    """The tensors for the loop program's parameters, and which of them advance a block of
-    rows per step (the counter, the carried values)."""
-    out, per_step = [], []
-    for kind, *which in loop.level.inputs:
-        per_step.append(kind == "arg")
+    """The tensors for a program's parameters, and which of them advance a block of rows per
+    step (the counter, the lanes, their rows in the tables before, the carried values)."""
+    out, advancing = [], []
+    for kind, *which in level.inputs:
+        advancing.append(kind in ADVANCING)
         if kind == "arg":
-            out.append(torch.arange(steps).repeat_interleave(count) if which[0] == 0 else tables[which[0] - 1])
-        elif kind == "root":
-            out.append(order)
+            out.append(per_row["counter"] if which[0] == 0 else tables[which[0] - 1])
+        elif kind in ("root", "source"):
+            out.append(per_row[kind])
+        elif kind in ("carried", "buffer"):
+            out.append(tables[which[0]])
+        elif kind == "buffer_rows":
+            out.append(torch.tensor(tables[which[0]].shape[0] // count))
         elif kind == "sizes":
             out.append(per_lane_sizes[:, which[0]].contiguous())
         else:
@@ -125,4 +292,4 @@ def _inputs(loop: LoopProgram, env: dict, count: int, steps: int, order: torch.T
                 stacked = rows(value, count).contiguous()
                 out.append(torch.tensor(stacked.shape[1]) if kind == "rows" else
                            stacked.view(-1, *stacked.shape[2:]) if kind == "table" else stacked)
-    return out, per_step
+    return out, advancing
