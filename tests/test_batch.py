@@ -803,6 +803,32 @@ def test_a_buffer_written_a_row_per_step_is_written_in_place():
                for loop in loops for body in loop.paths.values())
 
 
+class KeptOrReplaced(nn.Module):
+    """The carried value passes one arm untouched and is replaced on the other: used only a
+    row at a time (not at all) on one path, it is still not a buffer to keep in place (the
+    fuzzer's crash: kept, the other arm's rows were written over the buffer of every lane)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((4,), 2.0))
+
+    def forward(self, z, flags):
+        w = z * self.scale
+        for t in range(flags.shape[0]):
+            if flags[t] > 0:
+                w = torch.full_like(w, -1.0) + t
+        return w
+
+
+@native
+def test_a_value_replaced_on_one_path_only_is_not_kept_in_place():
+    g = torch.Generator().manual_seed(3)
+    instances = [(randn(4, seed=k), torch.randint(2, (n,), generator=g)) for k, n in enumerate([5, 1, 9, 3, 9])]
+    batched = assert_batch_matches(KeptOrReplaced().eval(), instances)
+    assert batched.schedule.loop_programs == 1
+    assert all(not loop.kept for loop in _loop_programs(batched))
+
+
 @native
 def test_a_write_that_may_overtake_a_read_of_its_row_keeps_the_loop_stepping():
     batched = assert_batch_matches(Overtaking().eval(), [(randn(n, 4, seed=n),) for n in (3, 8, 1)])

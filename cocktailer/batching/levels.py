@@ -146,6 +146,8 @@ class Straight:
         yields, outputs = [], []
         for i, y in enumerate(self.body.yields):
             version = self.buffer(y)
+            if version is None and i in kept:
+                raise NotImplementedError(f"carried value {i}, kept in place, is carried on as another value")
             if version is None:
                 yields.append(self.lanes(self.value(y)))
                 outputs.append(("yield", i))

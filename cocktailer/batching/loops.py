@@ -96,7 +96,12 @@ def _body(body: Region, program: Program, ragged: list, outer: dict, taken: dict
     for p in body.params:   # first, so that the lane count is read from a per-step input
         if outer[p.id][0] != "buffer":
             straight.value(p)
-    level = straight.build()
+    return _counted_lanes(straight.build())
+
+
+def _counted_lanes(level: LevelProgram) -> LevelProgram:
+    """`level`, which must read its lane count from an input that advances with the steps (a
+    program whose per-lane inputs all went unused would have none to read it from)."""
     if not any(sym == LANES and level.inputs[position][0] in ADVANCING for sym, position, _ in level.program.sizes):
         raise NotImplementedError("the lane count is not read from an input that advances with the steps")
     return level
@@ -120,7 +125,9 @@ def _decider(body: Region, branches: list[Operation], program: Program, ragged: 
         needed.add(id(o))
         todo += [v.id for v in o.operands]
     slice_ = Region(list(body.params), [o for o in body.ops if id(o) in needed], [b.operands[0] for b in branches])
-    return Straight(slice_, program, ragged, outer).build()
+    straight = Straight(slice_, program, ragged, outer)
+    straight.value(body.params[0])   # the counter: an input of one row per (step, lane) gives the lane count
+    return _counted_lanes(straight.build())
 
 
 def _rows_only(p: Value, k: int, body: Region) -> bool:
@@ -140,7 +147,12 @@ def _rows_only(p: Value, k: int, body: Region) -> bool:
             if o.op is Op.IF:
                 if not all(region_ok(r) for r in o.regions):
                     return False
-                versions.update(r.id for n, r in enumerate(o.results) if any(a.yields[n].id in versions for a in o.regions))
+                for n, r in enumerate(o.results):
+                    from_arms = [a.yields[n].id in versions for a in o.regions]
+                    if any(from_arms) and not all(from_arms):   # the buffer on one path, another value on the other
+                        return False
+                    if all(from_arms):
+                        versions.add(r.id)
             elif o.regions and any(v.id in versions for r in o.regions for v in r.outside_reads()):
                 return False
         return True
