@@ -152,7 +152,7 @@ class Straight:
                 yields.append(self.lanes(self.value(y)))
                 outputs.append(("yield", i))
             elif version[0] != i:
-                raise NotImplementedError(f"carried value {version[0]}, kept in place, is carried on as another")
+                raise NotImplementedError(f"carried value {version[0]}, kept in place, is carried on as value {i}")
             elif version[0] in self.written:
                 yields.append(version[1])
                 outputs.append(("buffer", i))
@@ -317,13 +317,11 @@ class Straight:
         one, and come after (depend on) every read of the rows it may overwrite."""
         x = op.operands[0]
         k, current = self.buffer(x)
-        key = op.attrs["key"]
-        if len(key) != 1 or key[0][0] not in ("dyn", "int"):
+        if not one_row(op.attrs["key"]):
             raise NotImplementedError(f"carried value {k}, kept in place, is indexed other than by one row")
         if k in self.written and current is not self.written[k]:
             raise NotImplementedError(f"carried value {k}, kept in place, is read as it was before this step wrote it")
-        index = self.row_index(op.operands[1 if op.op is Op.SELECT else 2] if key[0][0] == "dyn" else int(key[0][1]),
-                               k, x)
+        index = self.flat_row(op, ("buffer_rows", k), x, check=True)
         if op.op is Op.SELECT:
             row = self.emit(Op.GATHER, [current, index], _over_lanes(op.results[0].type), True, dim=0)
             self.rename[op.results[0].id] = row
@@ -341,23 +339,26 @@ class Straight:
         self.written[k] = self.emit(Op.SCATTER, [current, index, value], current.type, False, dim=0)
         self.versions[op.results[0].id] = (k, self.written[k])
 
-    def row_index(self, index: Value | int, k: int, x: Value) -> Value:
-        """The row of all lanes' rows that lane's `index` into carried buffer k names."""
+    def flat_row(self, op: Operation, rows_input: tuple, x: Value, check: bool) -> Value:
+        """For `x[i]` or `x[i] = v` (`op`, the key one index i), where each lane's instance has
+        its rows of x in a table of `rows_input` rows per instance: row root * rows + i, i
+        counted from the instance's own end when negative and, with `check`, checked."""
+        key = op.attrs["key"]
         i64 = TensorType((), torch.int64)
-        if isinstance(index, int):
-            index = self.emit(Op.SCALAR, [], i64, False, value=index, dtype=torch.int64)
+        if key[0][0] == "dyn":
+            index = self.value(op.operands[1 if op.op is Op.SELECT else 2])
         else:
-            index = self.value(index)
-            if index.type.dtype is not torch.int64:
-                index = self.emit(Op.CAST, [index], TensorType(index.type.shape, torch.int64), index.id in self.lane,
-                                  dtype=torch.int64)
+            index = self.emit(Op.SCALAR, [], i64, False, value=int(key[0][1]), dtype=torch.int64)
+        if index.type.dtype is not torch.int64:
+            index = self.emit(Op.CAST, [index], TensorType(index.type.shape, torch.int64), index.id in self.lane,
+                              dtype=torch.int64)
         root = self.input(("root",), TensorType((LANES,), torch.int64), lane=True)
-        rows = self.input(("buffer_rows", k), i64)
+        rows = self.input(rows_input, i64)
         size = rows
         if x.type.shape[0] in self.ragged:
             sizes = self.input(("sizes", self.ragged.index(x.type.shape[0])), TensorType((INSTANCES_SYM,), torch.int64))
             size = self.emit(Op.GATHER, [sizes, root], TensorType((LANES,), torch.int64), True, dim=0)
-        index = self.own_index(index, size, check=True)
+        index = self.own_index(index, size, check)
         lanes = TensorType((LANES,), torch.int64)
         return self.emit(Op.ADD, [self.emit(Op.MUL, [root, rows], lanes, True), index], lanes, True)
 
@@ -378,25 +379,9 @@ class Straight:
         """`table[i]` of a table each lane's instance has: row root * rows + i of the stacked tables."""
         table = op.operands[0]
         _, j = self.outer[table.id]
-        key = op.attrs["key"]
-        if len(key) != 1 or key[0][0] not in ("dyn", "int"):
+        if not one_row(op.attrs["key"]):
             raise NotImplementedError("the body indexes a value from outside other than by one row of a table")
-        i64 = TensorType((), torch.int64)
-        index = (self.value(op.operands[1]) if key[0][0] == "dyn"
-                 else self.emit(Op.SCALAR, [], i64, False, value=int(key[0][1]), dtype=torch.int64))
-        if index.type.dtype is not torch.int64:
-            index = self.emit(Op.CAST, [index], TensorType(index.type.shape, torch.int64), index.id in self.lane,
-                              dtype=torch.int64)
-        root = self.input(("root",), TensorType((LANES,), torch.int64), lane=True)
-        rows = self.input(("rows", j), i64)
-        size = rows
-        if table.type.shape[0] in self.ragged:
-            column = self.ragged.index(table.type.shape[0])
-            sizes = self.input(("sizes", column), TensorType((INSTANCES_SYM,), torch.int64))
-            size = self.emit(Op.GATHER, [sizes, root], TensorType((LANES,), torch.int64), True, dim=0)
-        index = self.own_index(index, size, check=id(op) not in self.control)
-        lanes = TensorType((LANES,), torch.int64)
-        flat = self.emit(Op.ADD, [self.emit(Op.MUL, [root, rows], lanes, True), index], lanes, True)
+        flat = self.flat_row(op, ("rows", j), table, check=id(op) not in self.control)
         stacked = self.input(("table", j), TensorType((Sym(f"table{j}", hint=11), *table.type.shape[1:]),
                                                       table.type.dtype))
         self.rename[op.results[0].id] = self.emit(Op.GATHER, [stacked, flat], _over_lanes(op.results[0].type),
@@ -417,3 +402,8 @@ class Straight:
             found = self.emit(Op.ANY, [outside], TensorType((), torch.bool), False, dims=None, keepdim=False)
             self.bad = found if self.bad is None else self.emit(Op.OR, [self.bad, found], found.type, False)
         return index
+
+
+def one_row(key: tuple) -> bool:
+    """Whether a SELECT/UPDATE key is one index into the first dim (`x[i]`)."""
+    return len(key) == 1 and key[0][0] in ("dyn", "int")

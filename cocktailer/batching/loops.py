@@ -43,7 +43,7 @@ import torch
 from cocktailer.backend.batched import LevelRun
 from cocktailer.batching.blocks import LANES, constant_source
 from cocktailer.batching.lanes import Lanes, rows
-from cocktailer.batching.levels import LevelProgram, Straight
+from cocktailer.batching.levels import LevelProgram, Straight, one_row
 from cocktailer.ir import CONTROL, Op, Operation, Program, Region, TensorType, Value
 
 MAX_BRANCHES = 3   # branches in a loop body a loop program decides: one program per set of arms, 2**n
@@ -140,7 +140,7 @@ def _rows_only(p: Value, k: int, body: Region) -> bool:
     def region_ok(region: Region) -> bool:
         for o in region.ops:
             for i, v in enumerate(o.operands):
-                if v.id in versions and not (o.op in (Op.SELECT, Op.UPDATE) and i == 0 and _one_row(o.attrs["key"])):
+                if v.id in versions and not (o.op in (Op.SELECT, Op.UPDATE) and i == 0 and one_row(o.attrs["key"])):
                     return False
             if o.op is Op.UPDATE and o.operands[0].id in versions:
                 versions.add(o.results[0].id)
@@ -159,10 +159,6 @@ def _rows_only(p: Value, k: int, body: Region) -> bool:
 
     return region_ok(body) and body.yields[k].id in versions and \
         all(y.id not in versions for n, y in enumerate(body.yields) if n != k)
-
-
-def _one_row(key: tuple) -> bool:
-    return len(key) == 1 and key[0][0] in ("dyn", "int")
 
 
 # ----------------------------------------------------------------------------- running
@@ -222,7 +218,7 @@ def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tens
     for k, value in enumerate(carried):
         value = rows(value, count)
         if k in loop.kept:   # its own memory: it is returned
-            tables.append(value.contiguous().clone().view(-1, *value.shape[2:]))
+            tables.append(value.clone(memory_format=torch.contiguous_format).view(-1, *value.shape[2:]))
             continue
         t = table(k, ((steps + 1) * count, *value.shape[1:]), value.dtype)
         torch.index_select(value, 0, layout.order, out=t[:count])
