@@ -180,11 +180,12 @@ def _active(trips: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor
     return torch.nonzero(torch.arange(steps)[:, None] < trips[None, :], as_tuple=True)
 
 
-def _layout(trips: torch.Tensor, steps: int, count: int, path: torch.Tensor | None) -> _Layout:
+def _layout(trips: torch.Tensor, steps: int, count: int, active: tuple, path: torch.Tensor | None) -> _Layout:
+    """`active`: `_active(trips, steps)`; `path`: the arms each of those pairs takes (None: no branch)."""
     order = torch.argsort(trips, descending=True, stable=True)
     slot = torch.empty_like(order)
     slot[order] = torch.arange(count)
-    t, lane = _active(trips, steps)
+    t, lane = active
     path = torch.zeros_like(t) if path is None else path
     by = torch.argsort((t * (int(path.max()) + 1) + path) * count + slot[lane])
     t, lane, path = t[by], lane[by], path[by]
@@ -212,8 +213,9 @@ def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tens
     stacked_types = loop.types[loop.carried:]
     if steps <= 0:
         return carried + [Lanes(torch.empty((count, 0, *ty.shape), dtype=ty.dtype)) for ty in stacked_types]
-    path = _decide(loop, env, count, trips, steps, per_lane_sizes) if loop.decide is not None else None
-    layout = _layout(trips, steps, count, path)
+    active = _active(trips, steps)
+    path = _decide(loop, env, count, active, per_lane_sizes) if loop.decide is not None else None
+    layout = _layout(trips, steps, count, active, path)
     tables = []
     for k, value in enumerate(carried):
         value = rows(value, count)
@@ -224,8 +226,9 @@ def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tens
         torch.index_select(value, 0, layout.order, out=t[:count])
         tables.append(t)
     per_step = [table(loop.carried + j, (steps * count, *ty.shape), ty.dtype) for j, ty in enumerate(stacked_types)]
-    per_row = {"counter": torch.arange(steps).repeat_interleave(count), "root": layout.lane_at,
-               "source": _sources(layout, steps, count)}
+    counter = torch.arange(steps).repeat_interleave(count)
+    per_row = {"counter": counter, "root": layout.lane_at,   # (sources: only where lanes change order)
+               "source": _sources(layout, counter, count) if loop.decide is not None else None}
     run, index = LevelRun(), {}
     for p in sorted({p for _, _, p in layout.groups}):
         level = loop.paths[p]
@@ -243,10 +246,10 @@ def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tens
             for k, t in enumerate(tables)] + [_by_lane(t, steps, count, layout, trips) for t in per_step]
 
 
-def _decide(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor, steps: int, per_lane_sizes) -> torch.Tensor:
+def _decide(loop: LoopProgram, env: dict, count: int, active: tuple, per_lane_sizes) -> torch.Tensor:
     """The arms (a path, bit b the first arm of branch b) each lane takes at each step where it
     is in the loop, in `_active`'s order: the decider's one native call over all those rows."""
-    t, lane = _active(trips, steps)
+    t, lane = active
     level = loop.decide
     inputs, advancing = _inputs(level, loop, env, count, {"counter": t, "root": lane}, [], per_lane_sizes)
     conditions = [torch.empty(len(t), dtype=torch.bool) for _ in level.outputs]
@@ -257,10 +260,10 @@ def _decide(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor, steps
     return sum(c.to(torch.int64) << b for b, c in enumerate(conditions))
 
 
-def _sources(layout: _Layout, steps: int, count: int) -> torch.Tensor:
+def _sources(layout: _Layout, t: torch.Tensor, count: int) -> torch.Tensor:
     """Row r of block t: the row of its carried values' table that holds its lane's values
-    after step t - 1 (in block t, where step t - 1 wrote them, or block 0 at the start)."""
-    t = torch.arange(steps).repeat_interleave(count)
+    after step t - 1 (in block t, where step t - 1 wrote them, or block 0 at the start); `t`:
+    each row's step."""
     lane = layout.lane_at
     before = torch.where(t > 0, layout.row_of[(t - 1).clamp(min=0), lane], layout.slot[lane])
     return t * count + before
