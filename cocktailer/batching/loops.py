@@ -213,8 +213,8 @@ def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tens
     stacked_types = loop.types[loop.carried:]
     if steps <= 0:
         return carried + [Lanes(torch.empty((count, 0, *ty.shape), dtype=ty.dtype)) for ty in stacked_types]
-    active = _active(trips, steps)
-    path = _decide(loop, env, count, active, per_lane_sizes) if loop.decide is not None else None
+    active, stacked = _active(trips, steps), {}
+    path = _decide(loop, env, count, active, per_lane_sizes, stacked) if loop.decide is not None else None
     layout = _layout(trips, steps, count, active, path)
     tables = []
     for k, value in enumerate(carried):
@@ -232,7 +232,7 @@ def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tens
     run, index = LevelRun(), {}
     for p in sorted({p for _, _, p in layout.groups}):
         level = loop.paths[p]
-        inputs, advancing = _inputs(level, loop, env, count, per_row, tables, per_lane_sizes)
+        inputs, advancing = _inputs(level, loop, env, count, per_row, tables, per_lane_sizes, stacked)
         outputs = [tables[i] if kind == "buffer" else tables[i][count:] if i < loop.carried else
                    per_step[i - loop.carried] for kind, i in level.outputs]
         widest = max(end - start for start, end, q in layout.groups if q == p)
@@ -246,12 +246,12 @@ def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tens
             for k, t in enumerate(tables)] + [_by_lane(t, steps, count, layout, trips) for t in per_step]
 
 
-def _decide(loop: LoopProgram, env: dict, count: int, active: tuple, per_lane_sizes) -> torch.Tensor:
+def _decide(loop: LoopProgram, env: dict, count: int, active: tuple, per_lane_sizes, stacked: dict) -> torch.Tensor:
     """The arms (a path, bit b the first arm of branch b) each lane takes at each step where it
     is in the loop, in `_active`'s order: the decider's one native call over all those rows."""
     t, lane = active
     level = loop.decide
-    inputs, advancing = _inputs(level, loop, env, count, {"counter": t, "root": lane}, [], per_lane_sizes)
+    inputs, advancing = _inputs(level, loop, env, count, {"counter": t, "root": lane}, [], per_lane_sizes, stacked)
     conditions = [torch.empty(len(t), dtype=torch.bool) for _ in level.outputs]
     run = LevelRun()
     run.add(level.compiled, inputs, advancing, len(t), conditions, level.checks)
@@ -279,9 +279,11 @@ def _by_lane(table: torch.Tensor, steps: int, count: int, layout: _Layout, trips
 
 
 def _inputs(level: LevelProgram, loop: LoopProgram, env: dict, count: int, per_row: dict, tables: list,
-            per_lane_sizes) -> tuple[list, list[bool]]:
+            per_lane_sizes, stacked: dict) -> tuple[list, list[bool]]:
     """The tensors for a program's parameters, and which of them advance a block of rows per
-    step (the counter, the lanes, their rows in the tables before, the carried values)."""
+    step (the counter, the lanes, their rows in the tables before, the carried values).
+    `stacked`: the values from outside made one row per lane so far, by index (the decider and
+    every set of arms read the same ones)."""
     out, advancing = [], []
     for kind, *which in level.inputs:
         advancing.append(kind in ADVANCING)
@@ -300,7 +302,9 @@ def _inputs(level: LevelProgram, loop: LoopProgram, env: dict, count: int, per_r
             if kind == "shared":
                 out.append(value)
             else:
-                stacked = rows(value, count).contiguous()
-                out.append(torch.tensor(stacked.shape[1]) if kind == "rows" else
-                           stacked.view(-1, *stacked.shape[2:]) if kind == "table" else stacked)
+                if which[0] not in stacked:
+                    stacked[which[0]] = rows(value, count).contiguous()
+                per_lane = stacked[which[0]]
+                out.append(torch.tensor(per_lane.shape[1]) if kind == "rows" else
+                           per_lane.view(-1, *per_lane.shape[2:]) if kind == "table" else per_lane)
     return out, advancing
