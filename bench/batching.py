@@ -36,7 +36,8 @@ recursion depth-first, each lane's operands copied, a product per lane and every
 + parameter reuse (a product with a shared weight as one GEMM); + gather fusion (operands read
 through index arrays); + level-by-level recursion (the inspector as torch ops, each level op by
 op); + native blocks (runs of data ops as one native call); + native inspector (the call tree
-found by the control slice compiled to C); + level programs (a level's calls that take the same
+found by the control slice compiled to C, or, where the slice computes with tensors, each of
+its rounds as native programs); + level programs (a level's calls that take the same
 arms as one native call, called from Python); + native level loop (every level's programs called
 by one native loop); + loop programs (a counted loop with a straight-line body, every step in one
 native call: the default). A step that does not apply to a model (loop programs to a tree

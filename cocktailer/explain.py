@@ -47,6 +47,13 @@ def explain(model: Callable, example_inputs: tuple | None = None, *, backend: st
     return text
 
 
+_INSPECTORS = {   # how a recursion's call tree was found (Schedule.inspectors), in words
+    "native": "compiled to C (one pass over every instance's calls)",
+    "rounds": "a round of calls at a time, each round as native programs (one deciding every call's branches, one "
+              "per set of arms computing the self-calls' arguments)",
+}
+
+
 def _batched(batched: BatchedFunction, example_inputs) -> str:
     """A batched function: the one-instance program, how each recursive function and each data
     op runs batched, and what the last call did."""
@@ -86,8 +93,8 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
             lines += [f"    loop at {where} ran step by step from Python: {why}"
                       for where, why in schedule.stepped_loops.items()]
         for name, how in schedule.inspectors.items():
-            lines.append(f"  @{name}: inspector " + ("compiled to C (one pass over every instance's calls)" if how == "native"
-                                                     else f"run by the executor (native blocks of the slice, torch ops), a round of calls at a time: {how}"))
+            lines.append(f"  @{name}: inspector " + _INSPECTORS.get(how, "run by the executor (native blocks of the slice, "
+                                                                    f"torch ops), a round of calls at a time: {how}"))
         lines.append(f"  inspectors: {schedule.inspect_s * 1e3:.3f} ms")
         for name, (native, by_ops) in schedule.level_groups.items():
             loops = schedule.level_loops.get(name, 0)

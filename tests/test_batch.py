@@ -407,16 +407,19 @@ def test_each_technique_turned_off_gives_the_same_answers(off):
 
 
 def _call_tree(batched, instances, native: bool):
-    """The call tree the batched run of `instances` found, by the native or the torch inspector."""
+    """The call tree the batched run of `instances` found, by the native inspector (a tree walk
+    or round programs) or the torch inspector."""
     from cocktailer.batching import executor as module
     (executor,) = batched._executors.values()
     executor._inspectors.clear()
+    executor._rounds.clear()
     executor.techniques = Techniques(native_inspector=native)
     found = []
-    native_call, torch_inspect = module.NativeInspector.__call__, module.inspect
+    native_call, torch_inspect, rounds = module.NativeInspector.__call__, module.inspect, module.run_rounds
     with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
         patch.setattr(module.NativeInspector, "__call__", lambda *a: found.append(native_call(*a)) or found[-1])
         patch.setattr(module, "inspect", lambda *a: found.append(torch_inspect(*a)) or found[-1])
+        patch.setattr(module, "run_rounds", lambda *a: found.append(rounds(*a)) or found[-1])
         batched(instances)
     (tree,) = found
     return tree
@@ -867,17 +870,97 @@ def test_weights_moved_out_of_loops_are_constants_of_the_native_code():
 
 
 @native
-def test_levels_found_by_the_torch_inspector_run_as_level_programs():
-    """DRNN decides whether a node expands from its state, a tensor: its inspector runs the
-    control slice in the executor (torch ops, and native blocks of the slice's own ops), and
-    notes the arms each call takes, so each level's calls still run as one native call."""
+@native
+def test_a_call_tree_decided_by_tensors_is_found_by_round_programs():
+    """DRNN decides whether a node expands from its state, a tensor: no scalar tree walk finds
+    its call tree, so each round of its inspector runs as native programs (one deciding every
+    call's branch, one computing the expanding calls' children), and finds the call tree the
+    torch inspector finds; each level's calls still run as one native call."""
     from cocktailer.models.throughput import drnn_instances
     model, instances = drnn_instances(12, "small", seed=3)
     batched = assert_batch_matches(model.eval(), instances)
-    assert batched.schedule.inspectors["generate"] != "native"
+    assert batched.schedule.inspectors == {"generate": "rounds"}
+    native_groups, op_by_op = batched.schedule.level_groups["generate"]
+    assert native_groups >= len(batched.schedule.levels["generate"][0]) > 2 and op_by_op == 0
+    by_rounds, by_torch_ops = _call_tree(batched, instances, True), _call_tree(batched, instances, False)
+    assert by_rounds.calls == by_torch_ops.calls > 2 * len(instances)
+    # (numbered in another order: compared by what does not depend on the order)
+    for count in (lambda t: t.path, lambda t: t.height, lambda t: t.root):
+        assert torch.equal(torch.bincount(count(by_rounds)), torch.bincount(count(by_torch_ops)))
+    for j, values in by_rounds.arguments.items():
+        torch.testing.assert_close(values.sum(0), by_torch_ops.arguments[j].sum(0), rtol=1e-4, atol=1e-4)
+
+
+def test_levels_found_by_the_torch_inspector_run_as_level_programs():
+    """With the native inspectors off, DRNN's inspector runs the control slice in the executor
+    (torch ops, and native blocks of the slice's own ops), and notes the arms each call takes,
+    so each level's calls still run as one native call."""
+    from cocktailer.models.throughput import drnn_instances
+    model, instances = drnn_instances(12, "small", seed=3)
+    batched = assert_batch_matches(model.eval(), instances, techniques=Techniques(native_inspector=False))
+    assert "rounds as native programs: no" in batched.schedule.inspectors["generate"]
     native_groups, op_by_op = batched.schedule.level_groups["generate"]
     assert native_groups >= len(batched.schedule.levels["generate"][0]) > 2 and op_by_op == 0
     from cocktailer.batching.blocks import Block   # the slice's own runs of data ops are native blocks too
     (executor,) = batched._executors.values()
     assert any(isinstance(part, Block) for key, parts in executor._segments.items() if isinstance(key, tuple)
                for part in parts)
+
+
+class FollowLinks(nn.Module):
+    """Follows each node's link while the state it computes says so: `links[i]` (-1: none) is
+    the next node. A link past the instance's own nodes is an IndexError in eager."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.Linear(4, 4)
+
+    def forward(self, links, h, i):
+        h = torch.tanh(self.cell(h))
+        if i >= 0 and h.sum() < 3.5:
+            return h + self.forward(links, h, links[i])
+        return h
+
+
+class NestedGates(nn.Module):
+    """A second gate inside the first one's arm: no round program (its branches are not all at
+    the top of the body), so the torch inspector runs the rounds."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.Linear(4, 4)
+
+    def forward(self, h, budget):
+        if budget > 0 and h.sum() > -2:
+            g = torch.tanh(self.cell(h))
+            if g[0] > -0.5:
+                return h + self.forward(g, budget - 1) + self.forward(g * 0.5, budget - 1)
+            return h + self.forward(g, budget - 1)
+        return h
+
+
+def _links(count: int, past_end: bool = False) -> torch.Tensor:
+    """Node k links to k + 1; the last to nothing, or past the end."""
+    links = torch.arange(1, count + 1)
+    links[-1] = count if past_end else -1
+    return links
+
+
+@native
+def test_round_programs_name_the_instances_that_index_past_their_own_rows():
+    instances = [(_links(n, past_end=k % 2 == 1), randn(4, seed=k), torch.tensor(0))
+                 for k, n in enumerate([3, 5, 2, 6])]
+    longer = (_links(7), randn(4, seed=9), torch.tensor(0))
+    batched = assert_batch_matches(FollowLinks().eval(), [instances[0], instances[2], longer])
+    assert batched.schedule.inspectors == {"forward": "rounds"}
+    with pytest.raises(cocktailer.BatchInputError, match="instance 1: IndexError") as e:
+        with torch.no_grad():
+            batched(instances)
+    assert e.value.positions == [1, 3]
+
+
+@native
+def test_a_branch_inside_a_branch_of_the_slice_leaves_the_rounds_to_the_torch_inspector():
+    instances = [(randn(4, seed=k), torch.tensor(b)) for k, b in enumerate([0, 3, 1, 4, 2])]
+    batched = assert_batch_matches(NestedGates().eval(), instances)
+    assert "inside another branch's arm" in batched.schedule.inspectors["forward"]

@@ -34,6 +34,7 @@ from cocktailer.batching.lanes import (ARMS, CALLS, CHECKED, HIDDEN, RULES, SHAR
                                       matmul_per_lane, rows, take)
 from cocktailer.batching.ragged import constant_indices, masked, ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
+from cocktailer.batching.rounds import RoundProgram, round_program, run_rounds
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
 from cocktailer.ir import CREATION, Function, Op, Operation, Program, Region, Sym
 from cocktailer.ir.analysis import value_users
@@ -54,7 +55,8 @@ class Techniques:
     gather_fusion: bool = True     # lanes read operands through index arrays (else each lane's rows are copied)
     parameter_reuse: bool = True   # a product with a shared weight is one GEMM (else one product per lane)
     native_blocks: bool = True     # runs of data ops as one native call each (else one torch op per op)
-    native_inspector: bool = True  # call trees found by the control slice compiled to C (else run by the executor)
+    native_inspector: bool = True  # call trees found by the control slice compiled to C, or a round at a time by
+    #                                native programs (else the executor runs each round)
     level_programs: bool = True    # a level's calls that take the same arms as one native call (else op by op)
     level_loop: bool = True        # a recursion's level programs called by one native loop (else from Python)
     loop_programs: bool = True     # a counted loop with a straight-line body, every step, as one native call
@@ -111,6 +113,7 @@ class BatchedExecutor:
         self._inspectors: dict[str, NativeInspector | str] = {}   # function -> its native inspector, or why none
         self._levels: dict[tuple, LevelProgram | str] = {}   # (function, path, branches) -> its level program, or why
         self._loops: dict[int, LoopProgram | str] = {}   # id(loop op) -> its loop program, or why none
+        self._rounds: dict[str, RoundProgram | str] = {}   # function -> its inspector's round program, or why none
         self._varying: set[int] | None = None   # the ids of the values that may differ by lane (lane_varying)
         self._producers: dict[int, Operation] | None = None
         self._outside: dict[int, list[int]] = {}   # id(region) -> the ids of the values it reads from outside
@@ -534,23 +537,29 @@ class BatchedExecutor:
 
     def _run_levels(self, plan: LevelPlan, args: list, count: int, hidden: dict) -> list:
         native = self._native_inspector(plan)   # (built on first use: not timed as inspection)
+        rounds = None
         if isinstance(native, NativeInspector):
             branches = native.rendered.branches
         else:
-            self._build_slice_blocks(plan)
             branches = self._slice_branches.setdefault(plan.function.name, slice_branches(plan))
+            rounds = self._round_program(plan, branches)
+            if not isinstance(rounds, RoundProgram):
+                self._build_slice_blocks(plan)
+        # the outer call's arguments every call hands on, one row per instance (native programs' inputs)
+        stacked = ([rows(a, count).contiguous() if through else None for a, through in zip(args, plan.passthrough)]
+                   if isinstance(rounds, RoundProgram) or self.techniques.level_programs else None)
+        sizes = hidden[SIZES].rows() if SIZES in hidden else None
         start = time.perf_counter()
         if isinstance(native, NativeInspector):
             tree = native(args, count, hidden, self.sizes, self.ragged)
+        elif isinstance(rounds, RoundProgram):
+            tree = run_rounds(rounds, plan, args, count, stacked, sizes, RECURSION_LIMIT)
         else:
-            tree = inspect(self, plan, args, count, hidden, branches)
+            tree = inspect(self, plan, args, count, hidden, branches, RECURSION_LIMIT)
         self.schedule.inspect_s += time.perf_counter() - start
         fn = plan.function
         tree, groups, outer = tree.by_height(count)
         tables: list[torch.Tensor] | None = None
-        stacked = ([rows(a, count).contiguous() if through else None for a, through in zip(args, plan.passthrough)]
-                   if tree.path is not None and self.techniques.level_programs else None)   # (level programs' inputs)
-        sizes = hidden[SIZES].rows() if SIZES in hidden else None
         counts = self.schedule.level_groups.setdefault(fn.name, [0, 0])
         levels = [self._level_program(plan, path, branches) if path is not None else None for _, _, path in groups]
         for level in levels:
@@ -604,6 +613,17 @@ class BatchedExecutor:
             runs[-1].append((start, end, level))
         return runs
 
+    def _round_program(self, plan: LevelPlan, branches: tuple[int, ...] | None) -> RoundProgram | str:
+        """The round program of the inspector of `plan`, whose slice has no native tree walk, or
+        why it has none (the torch inspector then runs its rounds)."""
+        found = self._straight(self._rounds, plan.function.name, self.techniques.native_inspector, "native inspectors",
+                               lambda: round_program(plan, self.program, branches, self.ragged))
+        if not isinstance(found, RoundProgram):
+            self.schedule.inspectors[plan.function.name] += f"; its rounds as native programs: no, {found}"
+        else:
+            self.schedule.inspectors[plan.function.name] = "rounds"
+        return found
+
     def _level_program(self, plan: LevelPlan, path: int, branches: tuple[int, ...]) -> LevelProgram | str:
         """The level program of the calls of `plan` that take the arms `path` (bit b: the first
         arm of branches[b], in the order of the inspector that found them), or why none."""
@@ -624,7 +644,7 @@ class BatchedExecutor:
                 except NotImplementedError as e:
                     cache[key] = str(e)
                 else:
-                    levels = made.levels if isinstance(made, LoopProgram) else [made]
+                    levels = made.levels if isinstance(made, (LoopProgram, RoundProgram)) else [made]
                     compiled, notes = build_blocks([level.program for level in levels])
                     for level, c in zip(levels, compiled):
                         level.compiled = c

@@ -7,9 +7,11 @@ level below instead of made.
 Two inspectors find the same call tree:
 - `NativeInspector`: the slice compiled to C (`codegen.inspector`), one pass over a queue of
   every instance's calls; for slices of scalar ops over the instance's tables (tree walks);
-- `inspect`: the slice run by the batched executor, a whole round of calls at a time (runs of
-  the slice's data ops as native blocks, the rest torch ops); for any slice (a decision computed
-  from a tensor, as DRNN's). It notes each call's arms too, so its levels get level programs.
+- `grow`: a whole round of calls at a time, for a slice that computes with tensors (a decision
+  computed from a tensor, as DRNN's): each round run as native programs (`rounds.run_rounds`)
+  where the slice's branches allow, else by the batched executor (`inspect`: runs of the slice's
+  data ops as native blocks, the rest torch ops), for any slice. Both note each call's arms, so
+  its levels get level programs.
 """
 from __future__ import annotations
 
@@ -116,12 +118,29 @@ class CallTree:
 
 
 def inspect(executor, plan: LevelPlan, args: list, count: int, hidden: dict,
-            branches: tuple[int, ...] | None) -> CallTree:
-    """The call tree, found breadth first: each round runs the control slice of every call found
-    in the round before, all as one batch (no Python loop over calls), through `executor` (a
-    BatchedExecutor). Each round's calls get the next ids, so a round is a range of ids. Each
-    call's path (the arms it takes at `branches`, `slice_branches(plan)`) is noted too, unless
-    that is None (more branches than a path holds)."""
+            branches: tuple[int, ...] | None, max_rounds: int) -> CallTree:
+    """The call tree, found by `grow`, each round running the control slice of every call found
+    in the round before as one batch (no Python loop over calls) through `executor` (a
+    BatchedExecutor). Each call's path (the arms it takes at `branches`, `slice_branches(plan)`)
+    is noted too, unless that is None (more branches than a path holds)."""
+    def expand(roots: torch.Tensor, varying: dict, start: int, end: int) -> tuple[list, torch.Tensor | None]:
+        frontier = torch.arange(start, end)
+        env = frame(plan, args, roots, varying, frontier, hidden, executor.take)
+        recorder = env[CALLS] = RecordCalls(plan)
+        if branches is not None:
+            arms = env[ARMS] = RecordArms(branches, start, len(frontier))
+        executor.run_region(plan.function.body, env, len(frontier), only=plan.control)
+        return recorder.made, arms.path if branches is not None else None
+    return grow(plan, args, count, max_rounds, expand)
+
+
+def grow(plan: LevelPlan, args: list, count: int, max_rounds: int, expand) -> CallTree:
+    """The call tree, found breadth first: `expand(roots, varying, start, end)` runs the control
+    slice of one round's calls (ids start..end-1, their roots and `varying` arguments, by
+    parameter) and returns the calls they make, as (site, the callers' ids, their arguments by
+    parameter), and the arms each caller took (None: not noted). Each round's calls get the
+    next ids, so a round is a range of ids. Raises past `max_rounds` rounds, as the native
+    inspector does past its depth."""
     varying = [j for j, through in enumerate(plan.passthrough) if not through]
     arguments = {j: [rows(args[j], count)] for j in varying}   # per round
     roots = [torch.arange(count)]
@@ -129,23 +148,19 @@ def inspect(executor, plan: LevelPlan, args: list, count: int, hidden: dict,
     paths = []
     start, total = 0, count
     while total > start:
-        frontier = torch.arange(start, total)
-        env = frame(plan, args, roots[-1], {j: arguments[j][-1] for j in varying}, frontier, hidden, executor.take)
-        recorder = env[CALLS] = RecordCalls(plan)
-        if branches is not None:
-            arms = env[ARMS] = RecordArms(branches, start, len(frontier))
-        executor.run_region(plan.function.body, env, len(frontier), only=plan.control)
-        if branches is not None:
-            paths.append(arms.path)
-        start = total
-        for site, callers, _ in recorder.made:
+        if len(paths) == max_rounds:
+            raise CompiledCallError(f"the program recursed deeper than the batched executor supports ({max_rounds})")
+        made, path = expand(roots[-1], {j: arguments[j][-1] for j in varying}, start, total)
+        paths.append(path)
+        first, start = start, total
+        for site, callers, _ in made:
             links.append((site, callers, torch.arange(total, total + len(callers))))
             total += len(callers)
         if total > start:
-            callers = torch.cat([c for _, c, _ in recorder.made])
-            roots.append(roots[-1].index_select(0, callers - frontier[0]))
+            callers = torch.cat([c for _, c, _ in made])
+            roots.append(roots[-1].index_select(0, callers - first))
             for j in varying:
-                arguments[j].append(torch.cat([made[j] for _, _, made in recorder.made]))
+                arguments[j].append(torch.cat([args_[j] for _, _, args_ in made]))
     height = torch.zeros(total, dtype=torch.int64)
     for site, parents, children in reversed(links):   # children come after their parents
         height.scatter_reduce_(0, parents, height.index_select(0, children) + 1, "amax")
@@ -153,7 +168,7 @@ def inspect(executor, plan: LevelPlan, args: list, count: int, hidden: dict,
     for site, parents, kids in links:
         children[site][parents] = kids
     return CallTree(total, torch.cat(roots), {j: torch.cat(a) for j, a in arguments.items()}, children, height,
-                    torch.cat(paths) if branches is not None else None)
+                    None if any(p is None for p in paths) else torch.cat(paths))
 
 
 class NativeInspector:

@@ -109,6 +109,29 @@ def run_level_loop(run: list[tuple[int, int, LevelProgram]], stacked: list, tree
         raise IndexError("an index is out of range for its instance's own size")
 
 
+def condition_slice(region: Region, branches: list[Operation], program: Program, ragged: list, outer: dict,
+                    late: set[int], late_why: str) -> "Straight":
+    """A straight line (not yet built) of the ops of `region` that the conditions of its
+    `branches` read, yielding each condition per lane. A condition that reads a value of `late`
+    (by id) cannot be decided this way (`late_why` says why), nor one computed by a branch, a
+    loop or a call."""
+    made = {r.id: o for o in region.ops for r in o.results}
+    needed, todo = set(), [b.operands[0].id for b in branches]
+    while todo:
+        vid = todo.pop()
+        if vid in late:
+            raise NotImplementedError(f"a branch is decided by {late_why}")
+        o = made.get(vid)
+        if o is None or id(o) in needed:
+            continue
+        if o.op in CONTROL:
+            raise NotImplementedError(f"a branch is decided by a value a {o.op.name.lower()} computes")
+        needed.add(id(o))
+        todo += [v.id for v in o.operands]
+    slice_ = Region(list(region.params), [o for o in region.ops if id(o) in needed], [b.operands[0] for b in branches])
+    return Straight(slice_, program, ragged, outer)
+
+
 class Straight:
     """A region as one straight line of ops over `LANES` lanes (a level's calls, a loop's
     lanes), with no branch left. `outer` says how each value the region reads from outside
@@ -121,12 +144,14 @@ class Straight:
     a loop's carried value k kept in one buffer of all lanes' rows, read and written in place one
     row at a time (`buffer_row`). `sites`: the self-calls whose results come from the tables of
     the levels below; `control`: the ops whose indices an inspector already checked; `taken`:
-    the arm each branch takes, by id."""
+    the arm each branch takes, by id; `only`: where given, the ops to run (a control slice: its
+    self-calls are not made, their arguments are what the caller yields), the others skipped."""
 
     def __init__(self, body: Region, program: Program, ragged: list, outer: dict[int, tuple], *,
-                 sites: tuple = (), control: frozenset = frozenset(), taken: dict | None = None):
+                 sites: tuple = (), control: frozenset = frozenset(), taken: dict | None = None,
+                 only: frozenset | None = None):
         self.body, self.program, self.ragged, self.outer = body, program, ragged, outer
-        self.sites, self.control, self.taken = sites, control, taken or {}
+        self.sites, self.control, self.taken, self.only = sites, control, taken or {}, only
         self.rename: dict[int, Value] = {}
         self.lane: set[int] = set()   # ids of new values with a lane dim in front
         self.params: list[Value] = []
@@ -205,6 +230,10 @@ class Straight:
             return self.input(("shared", j), v.type)
         return self.input(("arg", j), _over_lanes(v.type), lane=True)
 
+    def known(self, v: Value) -> bool:
+        """Whether `v` is defined here or enters from outside."""
+        return v.id in self.rename or v.id in self.outer or v.id in self.versions
+
     def emit(self, kind: Op, operands: list[Value], ty: TensorType, lane: bool, **attrs) -> Value:
         out = Value(ty)
         self.ops.append(Operation(kind, operands, [out], attrs))
@@ -222,14 +251,15 @@ class Straight:
 
     def region(self, region: Region):
         for op in region.ops:
-            self.op(op)
+            if self.only is None or id(op) in self.only:
+                self.op(op)
 
     def op(self, op: Operation):
         kind = op.op
         if kind is Op.IF:
             return self.branch(op)
         if kind is Op.CALL:
-            return self.call(op)
+            return self.call(op) if self.only is None else None
         if kind in CONTROL:
             raise NotImplementedError(f"the body holds a {kind.name.lower()}")
         if kind in (Op.SELECT, Op.UPDATE) and self.buffer(op.operands[0]) is not None:
@@ -284,6 +314,8 @@ class Straight:
         arm = op.regions[0] if self.taken[id(op)] else op.regions[1]
         self.region(arm)
         for r, y in zip(op.results, arm.yields):
+            if self.only is not None and not self.known(y):
+                continue   # a result the slice does not need: its arm's ops were skipped
             version = self.buffer(y)
             if version is not None:
                 self.versions[r.id] = version

@@ -43,8 +43,8 @@ import torch
 from cocktailer.backend.batched import LevelRun
 from cocktailer.batching.blocks import LANES, constant_source
 from cocktailer.batching.lanes import Lanes, rows
-from cocktailer.batching.levels import LevelProgram, Straight, one_row
-from cocktailer.ir import CONTROL, Op, Operation, Program, Region, TensorType, Value
+from cocktailer.batching.levels import LevelProgram, Straight, condition_slice, one_row
+from cocktailer.ir import Op, Operation, Program, Region, TensorType, Value
 
 MAX_BRANCHES = 3   # branches in a loop body a loop program decides: one program per set of arms, 2**n
 ADVANCING = ("arg", "root", "source")   # the inputs of one row per step and lane
@@ -110,22 +110,8 @@ def _counted_lanes(level: LevelProgram) -> LevelProgram:
 def _decider(body: Region, branches: list[Operation], program: Program, ragged: list, outer: dict) -> LevelProgram:
     """The program of the ops the branches' conditions read (their slice), yielding each
     condition per row: for rows of any steps and lanes at once, since it reads no carried value."""
-    carried = {p.id for p in body.params[1:]}
-    made = {r.id: o for o in body.ops for r in o.results}
-    needed, todo = set(), [b.operands[0].id for b in branches]
-    while todo:
-        vid = todo.pop()
-        if vid in carried:
-            raise NotImplementedError("a branch is decided by a value the loop carries (known only step by step)")
-        o = made.get(vid)
-        if o is None or id(o) in needed:
-            continue
-        if o.op in CONTROL:
-            raise NotImplementedError(f"a branch is decided by a value a {o.op.name.lower()} in the body computes")
-        needed.add(id(o))
-        todo += [v.id for v in o.operands]
-    slice_ = Region(list(body.params), [o for o in body.ops if id(o) in needed], [b.operands[0] for b in branches])
-    straight = Straight(slice_, program, ragged, outer)
+    straight = condition_slice(body, branches, program, ragged, outer, {p.id for p in body.params[1:]},
+                               "a value the loop carries (known only step by step)")
     straight.value(body.params[0])   # the counter: an input of one row per (step, lane) gives the lane count
     return _counted_lanes(straight.build())
 
