@@ -5,7 +5,8 @@ helper `rec`, or a module with a parameter and a buffer), and `inputs(k)`, the k
 set (different values, trip counts and trees, so that the same program takes different
 paths). What the programs mix, nested: loops with 0, 1 or many steps (Python and tensor trip
 counts), tensor `while` with `break`/`continue`, `if`/`elif`/`else` on tensor predicates,
-early `return`, recursion over trees with loops inside, views (slices, `t()`, `reshape`,
+early `return`, recursion over trees with loops inside (and over trees the program generates,
+decided by tensors), views (slices, `t()`, `reshape`,
 `detach`, `.data`, `chunk`), aliases of inputs and of each other, in-place ops (`+=`, `*=`,
 `add_`, `x[i] = v`, `copy_`, `fill_`, masks, `out=`, `inplace=True`), several outputs,
 tuples, integer and boolean tensors.
@@ -114,6 +115,7 @@ class Program:
             "left": lambda: left, "right": lambda: right, "is_leaf": lambda: leaf,
             "data": lambda: torch.randn(self.nodes, 3, generator=g, dtype=self.dtype),
             "root": lambda: torch.tensor(0),
+            "budget": lambda: torch.tensor(rng.choice([0, 1, 2, 3, 4])),
             "tree": lambda: _object_tree(self.nodes, rng, g, self.dtype),
         }
         return tuple(make[kind]() for _, kind in self.params)
@@ -187,9 +189,14 @@ class Generator:
         params = [("x", "x")] + [(p, p) for p in ("y", "z", "c", "n", "k", "m") if r.random() < 0.6]
         recursive = r.random() < 0.2
         objects = recursive and r.random() < 0.4   # the tree as node objects, not index tensors
+        # a tree the program generates, each node expanding on a gate of its state (drawn apart
+        # from the main sequence, so that the other seeds' programs stay as they were)
+        generated = recursive and not objects and random.Random(self.seed * 7919 + 1).random() < 0.4
         self.nodes = r.choice([1, 3, 5, 7])
         if objects:
             params += [("tree", "tree")]
+        elif generated:
+            params += [("budget", "budget")]
         elif recursive:
             params += [("left", "left"), ("right", "right"), ("is_leaf", "is_leaf"), ("data", "data"),
                        ("root", "root")]
@@ -199,10 +206,12 @@ class Generator:
             self.vars["self.buf"] = Var((4, 3))
         self.outputs = self._output_signature()
         self.base = "x"
-        helper = self._object_helper() if objects else self._helper() if recursive else []
+        helper = (self._object_helper() if objects else self._generator_helper() if generated else
+                  self._helper() if recursive else [])
         body = []
         if recursive:
-            body.append(Stmt("r0 = rec(tree)" if objects else "r0 = rec(left, right, is_leaf, data, root)"))
+            body.append(Stmt("r0 = rec(tree)" if objects else "r0 = rec(x[0], budget)" if generated else
+                             "r0 = rec(left, right, is_leaf, data, root)"))
             self.vars["r0"] = Var((3,))
         body += self.block(r.randint(3, 9))
         body.append(self.ret())
@@ -406,6 +415,29 @@ class Generator:
         self.in_helper, self.base = False, "x"
         return [Stmt(header="def rec(left, right, is_leaf, data, node):", body=body)]
 
+    def _generator_helper(self) -> list[Stmt]:
+        """A tree generated top-down, as DRNN's: a node expands while its budget lasts and a gate
+        computed from its state says so (the call tree depends on tensors), its children's
+        states computed from its own."""
+        saved, self.vars = self.vars, {"h": Var((3,)), "budget": Var((), "int")}
+        self.in_helper, self.base = True, "h"
+        r = self.rng
+        self.depth = 1
+        body = self.block(r.randint(0, 2))
+        gate = f"if budget > 0 and ({self.expr((3,))}).sum() > {r.choice(['-1.0', '0.0', '0.5'])}:"
+        expand = [Stmt(f"a = rec(torch.tanh({self.expr((3,))}), budget - 1)")]
+        if r.random() < 0.3:   # the second call's state may read the first's result: then it runs depth-first
+            self.vars["a"] = Var((3,))
+        expand.append(Stmt(f"b = rec(({self.expr((3,))}) * 0.5, budget - 1)"))
+        self.vars.update(a=Var((3,)), b=Var((3,)))
+        expand.append(Stmt(f"return torch.tanh({self.expr((3,))} + a - b)"))
+        body += [Stmt(header=gate, body=expand),
+                 Stmt(f"return {r.choice(['h', 'h * 2.0', 'torch.tanh(h)'])}")]
+        self.depth = 0
+        self.vars = saved
+        self.in_helper, self.base = False, "x"
+        return [Stmt(header="def rec(h, budget):", body=body)]
+
     def _object_helper(self) -> list[Stmt]:
         """The same recursion over FuzzNode objects: `node.left is None` for a leaf, the node's
         tensor written in place, its `state` assigned."""
@@ -521,7 +553,7 @@ def _input_var(kind: str, nodes: int) -> Var:
     return {"x": Var((4, 3)), "y": Var((3,)), "z": Var((4,)), "c": Var(()), "n": Var((), "int"),
             "k": Var((4,), "int"), "m": Var((4, 3), "bool"), "left": Var((nodes,), "int"),
             "right": Var((nodes,), "int"), "is_leaf": Var((nodes,), "bool"), "data": Var((nodes, 3)),
-            "root": Var((), "int")}[kind]
+            "root": Var((), "int"), "budget": Var((), "int")}[kind]
 
 
 def _eval_shape(template: str, shape: tuple) -> tuple:
