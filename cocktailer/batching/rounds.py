@@ -54,10 +54,10 @@ def round_program(plan: LevelPlan, program: Program, branches: tuple[int, ...] |
     branches, in the order the paths' bits name them (`inspector.slice_branches`)."""
     body = plan.function.body
     top = [op for op in body.ops if op.op is Op.IF and id(op) in plan.control]
-    if branches is None or tuple(id(op) for op in top) != branches:
-        raise NotImplementedError("a branch of the control slice is inside another branch's arm")
-    if len(top) > MAX_BRANCHES:
+    if branches is None or len(top) > MAX_BRANCHES:
         raise NotImplementedError(f"the control slice holds more than {MAX_BRANCHES} branches")
+    if tuple(id(op) for op in top) != branches:
+        raise NotImplementedError("a branch of the control slice is inside another branch's arm")
     outer = {p.id: ("stacked" if through else "arg", j)
              for j, (p, through) in enumerate(zip(plan.function.params, plan.passthrough))}
     varying = tuple(j for j, through in enumerate(plan.passthrough) if not through)
