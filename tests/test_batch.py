@@ -870,7 +870,6 @@ def test_weights_moved_out_of_loops_are_constants_of_the_native_code():
 
 
 @native
-@native
 def test_a_call_tree_decided_by_tensors_is_found_by_round_programs():
     """DRNN decides whether a node expands from its state, a tensor: no scalar tree walk finds
     its call tree, so each round of its inspector runs as native programs (one deciding every
@@ -891,6 +890,7 @@ def test_a_call_tree_decided_by_tensors_is_found_by_round_programs():
         torch.testing.assert_close(values.sum(0), by_torch_ops.arguments[j].sum(0), rtol=1e-4, atol=1e-4)
 
 
+@native
 def test_levels_found_by_the_torch_inspector_run_as_level_programs():
     """With the native inspectors off, DRNN's inspector runs the control slice in the executor
     (torch ops, and native blocks of the slice's own ops), and notes the arms each call takes,
