@@ -116,7 +116,7 @@ def cases_unary() -> list[Case]:
         out.append(Case(kind, [rand((7, 37), F32, special=kind is not Op.GELU) * 5]))
         out.append(Case(kind, [rand((129,), F64, special=True) * 5]))
     x = torch.cat([torch.linspace(-110, 100, 2001), torch.tensor([88.72, 88.73, -87.5, -103.5, 1e-4, -1e-4, 0.6249, 0.6251])])
-    for kind in (Op.EXP, Op.TANH, Op.SIGMOID, Op.SILU):
+    for kind in (Op.EXP, Op.TANH, Op.SIGMOID, Op.SILU, Op.ERF, Op.GELU):   # (erf, GELU: both sides of 0.5)
         out.append(Case(kind, [x], name="-range"))
     for kind in (Op.EXP, Op.SQRT, Op.SIGMOID, Op.TANH):   # integer inputs compute in float
         out.append(Case(kind, [rand((33,), I64, 0, 9)]))

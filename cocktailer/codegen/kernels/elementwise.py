@@ -61,9 +61,9 @@ _F32 = {  # op -> C expression of x (float)
     Op.NEG: "(-{x})", Op.ABS: "fabsf({x})", Op.EXP: "ck_expf({x})", Op.LOG: "logf({x})",
     Op.SQRT: "sqrtf({x})", Op.RSQRT: "(1.0f / sqrtf({x}))", Op.RECIPROCAL: "(1.0f / {x})",
     Op.TANH: "ck_tanhf({x})", Op.SIGMOID: "ck_sigmoidf({x})", Op.RELU: "({x} < 0 ? 0.0f : {x})",
-    Op.GELU: "(0.5f * {x} * (1.0f + erff({x} * 0.70710678118654752440f)))",
+    Op.GELU: "ck_geluf({x})",
     Op.SILU: "({x} / (1.0f + ck_expf(-{x})))", Op.SIN: "sinf({x})", Op.COS: "cosf({x})",
-    Op.ERF: "erff({x})", Op.FLOOR: "floorf({x})", Op.CEIL: "ceilf({x})",
+    Op.ERF: "ck_erff({x})", Op.FLOOR: "floorf({x})", Op.CEIL: "ceilf({x})",
 }
 _F64 = {
     Op.NEG: "(-{x})", Op.ABS: "fabs({x})", Op.EXP: "exp({x})", Op.LOG: "log({x})",
