@@ -81,12 +81,19 @@ class BatchedFunction:
             key = (id(program), self._executor(program).group_key(tensors))
             groups.setdefault(key, []).append(i)
         results: list = [None] * len(instances)
+        bad, reasons = [], []
         for members in sorted(groups.values(), key=len, reverse=True):
             program = prepared[members[0]][0]
             yields = self._run_group(program, [prepared[i][4] for i in members], members)
             for i, out in zip(members, yields):
                 program, run, leaves, trees, tensors = prepared[i]
-                results[i] = self.single._finish(program, run, out, leaves, trees, tensors, fresh=True)
+                try:   # (a result that is a view of another, `h[2]` of h, is made here: it may be out of range)
+                    results[i] = self.single._finish(program, run, out, leaves, trees, tensors, fresh=True)
+                except (IndexError, RuntimeError) as e:
+                    bad.append(i)
+                    reasons.append(f"{type(e).__name__}: {e}")
+        if bad:
+            raise BatchInputError(bad, reasons)
         return results
 
     def _bound(self, position: int, args) -> tuple:

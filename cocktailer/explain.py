@@ -76,6 +76,11 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
     lines.append(f"native blocks: {len(blocks)}, holding {sum(len(b.ops) for b in blocks)} ops (one native call "
                  "each per run of their region, for all its lanes); the other data ops run as batched torch ops"
                  if executor._segments else "native blocks: none (no C compiler, or turned off)")
+    packed = [b for b in blocks if b.packed is not None]
+    if packed:
+        lines.append(f"  {len(packed)} of them position-wise over a ragged size ("
+                     + ", ".join(sorted({str(b.packed) for b in packed}))
+                     + "): computed on the instances' real rows packed one after another, no padding")
     lines += [f"  left to torch: {note}" for note in executor.block_notes]
     kinds = sorted({op.op.name.lower() for op in program.walk()   # (sources and sizes are never per instance)
                     if op.op not in RULES.keys() | CONTROL | CREATION and op.op not in (Op.CONST, Op.DIM)})
@@ -87,6 +92,9 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
     else:
         lines.append(f"last call (its largest group): {schedule.lanes} instances; branches whose instances split: "
                      f"{schedule.branches}; loop iterations: {schedule.loop_steps}")
+        if schedule.padded_rows:
+            lines.append(f"  position-wise blocks computed {schedule.packed_rows} rows, of the {schedule.padded_rows} "
+                         "they would have padded to the longest instance")
         if schedule.loop_programs or schedule.stepped_loops:
             lines.append(f"  runs of loops with every step in one native call (loop programs: lanes sorted by trip "
                          f"count and by the arms they take, the steps run by the native loop): {schedule.loop_programs}")

@@ -276,6 +276,49 @@ def test_attention_over_sentences_of_different_lengths_runs_as_one_batch():
     assert e.value.positions == [1]
 
 
+class TokenEncoder(nn.Module):
+    """Position-wise layers over a sentence's tokens (packed: no work for padding), attention
+    over them (padded and masked), a decision read at the third token that sends some instances
+    through two more position-wise layers, and the tokens returned with the third one."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.inp, self.norm = nn.Linear(d, d), nn.LayerNorm(d)
+        self.ff, self.ff2, self.head = nn.Linear(d, 2 * d), nn.Linear(2 * d, d), nn.Linear(d, 1)
+
+    def forward(self, x):
+        h = self.norm(x + torch.nn.functional.gelu(self.inp(x)))
+        h = self.norm(h + torch.softmax(h @ h.transpose(0, 1) / 3, -1) @ h)
+        if self.head(h[2]).sum() > 0:
+            h = torch.softmax(self.ff2(torch.relu(self.ff(h))).view(h.shape[0], 2, 4), -1).view(h.shape[0], 8)
+        return h, h[2]
+
+
+@native
+def test_position_wise_ops_compute_on_each_instances_own_tokens_only():
+    """Sentences of 2 to 30 tokens: the position-wise blocks compute on the real tokens, packed
+    one sentence after another; the results are each sentence's alone, through the attention
+    between them, the branch that splits them and the tokens returned."""
+    from cocktailer.batching.blocks import Block
+    lengths = [7, 30, 3, 12, 5, 9, 3, 16]
+    model = TokenEncoder().eval()
+    instances = [(randn(n, 8, seed=k, scale=2.0),) for k, n in enumerate(lengths)]
+    batched = assert_batch_matches(model, instances)
+    (executor,) = batched._executors.values()
+    packed = [p for parts in executor._segments.values() for p in parts if isinstance(p, Block) and p.packed is not None]
+    assert len(packed) >= 2 and all(b.compiled is not None for b in packed)
+    schedule = batched.schedule
+    assert schedule.branches == 1, "the third token's decision splits the sentences"
+    assert 0 < schedule.packed_rows < schedule.padded_rows
+    assert "position-wise" in cocktailer.explain(batched, file=None)
+    # the same length for all: packed is padded, and a token past every sentence is named
+    assert_batch_matches(model, [(randn(4, 8, seed=k),) for k in range(3)])
+    with pytest.raises(cocktailer.BatchInputError, match="IndexError") as e:
+        with torch.no_grad():
+            batched([(randn(2, 8, seed=k),) for k in range(3)])
+    assert e.value.positions == [0, 1, 2]
+
+
 class LastAndMean(nn.Module):
     """Reads each sequence's own last element (a negative index into a padded dim) and
     averages over the sequence (a sum over it: padding must not join it)."""

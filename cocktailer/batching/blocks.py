@@ -9,6 +9,12 @@ calls a block once per run of its region, for whatever lanes reach it, in place 
 per op. Control flow (branches split by lane, loops, levels) stays in the executor, as in the
 host backend.
 
+Where a run of position-wise ops reads and makes only values whose first dim is a ragged size
+(a sentence's tokens: a Linear, a LayerNorm, a GELU over each token), its block computes on the
+lanes' real rows packed one after another (`ROWS` of them) instead of on rows padded to the
+longest lane: no work for padding (`row_wise`, `Packed`). The ops that mix a lane's rows
+(attention's products and softmax) run in blocks over padded lanes as before.
+
 Which values differ by lane is decided ahead (`lane_varying`), conservatively: a value the
 analysis calls lane-varying may still be the same in every lane at run time (a branch all lanes
 took alike); it is then repeated per lane for the block.
@@ -17,13 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cocktailer.batching.lanes import Lanes, rows
+from cocktailer.batching.lanes import Lanes, Packed, RowLayout, packed_rows, rows
 from cocktailer.batching.ragged import needs_lane_sizes
 from cocktailer.codegen import kernels
 from cocktailer.ir import CONTROL, CREATION, ELEMENTWISE, Function, Op, Operation, Program, Region, Sym, TensorType, Value
 from cocktailer.ir.analysis import sizes_of
 
 LANES = Sym("lanes", hint=3)
+ROWS = Sym("rows", hint=7)   # a packed block's rows: every lane's rows of one ragged dim, one after another
 
 _REDUCE_DIMS = {Op.SUM, Op.MEAN, Op.AMAX, Op.AMIN, Op.ANY, Op.ALL, Op.PROD}
 
@@ -35,6 +42,7 @@ class Block:
     outputs: list[Value]
     varying_inputs: list[bool]
     varying_outputs: list[bool]
+    packed: Sym | None = None        # the ragged size whose rows the block computes on packed (`row_wise`)
     program: Program | None = None   # the batched program, if every op has an IR rule
     compiled: object = None          # its entry point, once compiled
 
@@ -78,10 +86,11 @@ def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragg
     out, run = [], []
 
     def close():
-        if len(run) >= 2:
-            out.append(_block(list(run), varying, users, producers))
-        else:
-            out.extend(run)
+        for packed, ops in _by_layout(run, varying, ragged):
+            if len(ops) >= 2:
+                out.append(_block(ops, varying, users, producers, packed))
+            else:
+                out.extend(ops)
         run.clear()
 
     for op in region.ops:
@@ -94,6 +103,74 @@ def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragg
     return out
 
 
+def _by_layout(run: list[Operation], varying: set[int], ragged: set) -> list[tuple]:
+    """The run cut into maximal parts of ops that are row-wise along one ragged size (packed)
+    and of the others: (that size or None, ops). An op that reads nothing lane-varying (a
+    weight's transpose) goes with the part before it, or the first."""
+    parts: list[tuple] = []
+    shared: list[Operation] = []   # such ops before the first part
+    for op in run:
+        if not any(v.id in varying for v in op.operands):
+            (parts[-1][1] if parts else shared).append(op)
+            continue
+        sym = row_wise(op, varying, ragged)
+        if parts and (parts[-1][0] == sym if sym is not None else parts[-1][0] is None):
+            parts[-1][1].append(op)
+        else:
+            parts.append((sym, [*shared, op]))
+            shared = []
+    return parts or [(None, shared)]
+
+
+def row_wise(op: Operation, varying: set[int], ragged: set) -> Sym | None:
+    """The ragged size s if `op` computes each row along s from that row alone: every operand
+    and result that differs by lane has s as its first dim and no ragged size elsewhere, shared
+    operands have none, and the op does not mix rows (elementwise, a product with a shared
+    matrix, reductions, softmaxes, permutes and selects that keep the first dim, a reshape of
+    the dims after it). Such an op computes the same on the lanes' rows packed together."""
+    values = [(v, v.id in varying) for v in op.operands] + [(r, True) for r in op.results]
+    if not any(lane for v, lane in values[:len(op.operands)]):
+        return None
+    firsts = {v.type.shape[0] if v.type.rank else None for v, lane in values if lane}
+    if len(firsts) != 1:
+        return None
+    (sym,) = firsts
+    if sym not in ragged:
+        return None
+    for v, lane in values:
+        if any(d in ragged for d in v.type.shape[1 if lane else 0:]):
+            return None
+    return sym if _keeps_rows(op, [lane for _, lane in values[:len(op.operands)]]) else None
+
+
+def _keeps_rows(op: Operation, flags: list[bool]) -> bool:
+    kind, attrs = op.op, op.attrs
+    ranks = [v.type.rank for v in op.operands]
+    rank = op.results[0].type.rank
+    if kind in ELEMENTWISE:   # a shared operand broadcasts over the rows, never along them
+        return all(r == rank if f else (r < rank or v.type.shape[0] == 1)
+                   for r, f, v in zip(ranks, flags, op.operands))
+    if kind is Op.MATMUL:
+        return flags == [True, False] and ranks[1] == 2 and ranks[0] >= 2
+    if kind in _REDUCE_DIMS:
+        dims = attrs.get("dims")
+        return dims is not None and ranks[0] >= 2 and all(d % ranks[0] != 0 for d in dims)
+    if kind in (Op.SOFTMAX, Op.LOG_SOFTMAX):
+        return ranks[0] >= 2 and attrs["dim"] % ranks[0] != 0
+    if kind is Op.PERMUTE:
+        return attrs["dims"][0] % ranks[0] == 0
+    if kind is Op.RESHAPE:
+        return rank >= 1
+    if kind is Op.SELECT:
+        key = attrs["key"]
+        first = key[0] if key else None
+        return (len(op.operands) == 1 and first is not None and first[0] == "slice" and first[1] in (None, 0)
+                and first[2] is None and first[3] in (None, 1))
+    if kind is Op.CAT:
+        return all(flags) and attrs["dim"] % ranks[0] != 0
+    return False
+
+
 def constant_source(v: Value, producers: dict[int, Operation]) -> Operation | None:
     """The op that makes `v` from nothing (a weight, a literal), if one does. Loop-invariant code
     motion moves these out of loops; native code made of a loop's body defines them again itself,
@@ -103,7 +180,7 @@ def constant_source(v: Value, producers: dict[int, Operation]) -> Operation | No
 
 
 def _block(ops: list[Operation], varying: set[int], users: dict[int, set[int]],
-           producers: dict[int, Operation]) -> Block:
+           producers: dict[int, Operation], packed: Sym | None = None) -> Block:
     """A block of `ops`, with the constants it reads from other regions (`constant_source`)."""
     defined = {r.id for o in ops for r in o.results}
     weights = list({v.id: source for o in ops for v in o.operands
@@ -113,7 +190,7 @@ def _block(ops: list[Operation], varying: set[int], users: dict[int, set[int]],
     defined |= {w.results[0].id for w in weights}
     inputs = list({v.id: v for o in ops for v in o.operands if v.id not in defined}.values())
     outputs = [r for o in ops[len(weights):] for r in o.results if users.get(r.id, set()) - inside]
-    return Block(ops, inputs, outputs, [v.id in varying for v in inputs], [v.id in varying for v in outputs])
+    return Block(ops, inputs, outputs, [v.id in varying for v in inputs], [v.id in varying for v in outputs], packed)
 
 
 # --------------------------------------------------------------------------- the IR's batching rules
@@ -171,6 +248,8 @@ def _rule(op: Operation, flags: list[bool]):
 
 def batched_program(block: Block, program: Program) -> Program:
     """The block as a program over `LANES` lanes: its inputs are parameters, its outputs results."""
+    if block.packed is not None:
+        return _packed_program(block, program)
     rename: dict[int, Value] = {}
     params = []
     for v, lane in zip(block.inputs, block.varying_inputs):
@@ -190,6 +269,32 @@ def batched_program(block: Block, program: Program) -> Program:
                    program.device, sizes=sizes)
 
 
+def _packed_program(block: Block, program: Program) -> Program:
+    """A row-wise block as a program over the lanes' packed rows: its ragged size renamed
+    `ROWS` in every type and attribute; each op as it is (the first dim keeps its place)."""
+    sym = block.packed
+    rename: dict[int, Value] = {}
+
+    def renamed(ty: TensorType) -> TensorType:
+        return TensorType(tuple(ROWS if d == sym else d for d in ty.shape), ty.dtype)
+
+    params = []
+    for v in block.inputs:
+        rename[v.id] = Value(renamed(v.type), v.hint)
+        params.append(rename[v.id])
+    ops = []
+    for op in block.ops:
+        results = [Value(renamed(r.type), r.hint) for r in op.results]
+        rename.update({r.id: n for r, n in zip(op.results, results)})
+        attrs = dict(op.attrs)
+        if op.op is Op.RESHAPE:
+            attrs["shape"] = tuple(ROWS if d == sym else d for d in attrs["shape"])
+        ops.append(Operation(op.op, [rename[v.id] for v in op.operands], results, attrs, [], op.loc))
+    yields = [rename[v.id] for v in block.outputs]
+    return Program({"main": Function("main", Region(params, ops, yields))}, "main", program.constants,
+                   program.device, sizes=sizes_of(params))
+
+
 def _over_lanes(ty: TensorType) -> TensorType:
     return TensorType((LANES, *ty.shape), ty.dtype)
 
@@ -204,8 +309,16 @@ def _as_lanes(value: Value, lane: bool, ops: list[Operation]) -> Value:
     return out
 
 
-def run_block(block: Block, env: dict, count: int) -> None:
-    """Call the block's native entry for `count` lanes; its outputs into `env`."""
+def run_block(block: Block, env: dict, count: int, layout: RowLayout | None = None) -> None:
+    """Call the block's native entry for `count` lanes; its outputs into `env`. `layout`: where
+    the lanes' rows lie, for a packed block."""
+    if block.packed is not None:
+        inputs = [packed_rows(env[v.id], layout, count) if lane else env[v.id]
+                  for v, lane in zip(block.inputs, block.varying_inputs)]
+        outs = block.compiled(inputs)
+        for v, lane, t in zip(block.outputs, block.varying_outputs, outs):
+            env[v.id] = Packed(t, layout) if lane else t
+        return
     inputs = [rows(env[v.id], count) if lane else env[v.id] for v, lane in zip(block.inputs, block.varying_inputs)]
     outs = block.compiled(inputs)
     for v, lane, t in zip(block.outputs, block.varying_outputs, outs):

@@ -30,8 +30,8 @@ from cocktailer.batching.blocks import Block, batched_program, lane_varying, run
 from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect, slice_branches
 from cocktailer.batching.levels import LevelProgram, level_inputs, level_program, run_level_loop
 from cocktailer.batching.loops import LoopProgram, loop_program, run_loop_program
-from cocktailer.batching.lanes import (ARMS, CALLS, CHECKED, HIDDEN, RULES, SHARED_BY_LANES, SIZES, Lanes, apply,
-                                      matmul_per_lane, rows, take)
+from cocktailer.batching.lanes import (ARMS, CALLS, CHECKED, HIDDEN, RULES, SHARED_BY_LANES, SIZES, Lanes, RowLayout,
+                                      Packed, apply, matmul_per_lane, merged, rows, take)
 from cocktailer.batching.ragged import constant_indices, masked, ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.batching.rounds import RoundProgram, round_program, run_rounds
@@ -44,6 +44,7 @@ from cocktailer.runtime.compiler import find_compiler
 
 
 
+LAYOUTS = "layouts"   # env key: (the lanes' sizes, where each ragged size's rows lie packed: `_layout`)
 _MASKED = (Op.MATMUL, Op.SOFTMAX, Op.LOG_SOFTMAX)   # may read padding, which the executor masks (ragged.masked)
 
 
@@ -78,6 +79,8 @@ class Schedule:
     #                                                   run of groups with level programs)
     loop_programs: int = 0     # runs of loops whose steps all ran as one native call
     stepped_loops: dict = field(default_factory=dict)   # where a loop ran step by step from Python -> why
+    packed_rows: int = 0       # rows the position-wise (packed) blocks computed, over all their runs
+    padded_rows: int = 0       # rows they would have computed padded to the longest instance
 
 
 class Workspace:
@@ -298,7 +301,11 @@ class BatchedExecutor:
         if parts is not None:
             for part in parts:
                 if isinstance(part, Block):
-                    run_block(part, env, count)
+                    layout = None if part.packed is None else self._layout(env, part.packed, count)
+                    run_block(part, env, count, layout)
+                    if layout is not None:
+                        self.schedule.packed_rows += layout.total
+                        self.schedule.padded_rows += layout.count * layout.width
                 else:
                     self.run_op(part, env, count, only)
         else:
@@ -306,6 +313,20 @@ class BatchedExecutor:
                 if only is None or id(op) in only:
                     self.run_op(op, env, count, only)
         return [env.get(v.id) for v in region.yields]
+
+    def _layout(self, env: dict, sym: Sym, count: int) -> RowLayout:
+        """Where the rows of ragged size `sym` of the env's lanes lie packed, made once per env
+        (per set of lanes: kept beside the lanes' sizes it was made from)."""
+        sizes = env.get(SIZES)
+        if sizes is None:   # (no lane sizes here: every lane's rows are all of the width's)
+            return RowLayout(torch.full((count,), self._padded_sizes[sym], dtype=torch.int64), self._padded_sizes[sym])
+        kept = env.get(LAYOUTS)
+        if kept is None or kept[0] is not sizes:
+            kept = env[LAYOUTS] = (sizes, {})
+        layout = kept[1].get(sym)
+        if layout is None:
+            layout = kept[1][sym] = RowLayout(sizes.rows()[:, self.ragged.index(sym)], self._padded_sizes[sym])
+        return layout
 
     def run_op(self, op: Operation, env: dict, count: int, only: frozenset | None = None):
         kind = op.op
@@ -422,6 +443,8 @@ class BatchedExecutor:
         if any(v is None for _, v in values):   # an inspector's branch: a result it does not need
             return None
         first = values[0][1]
+        if all(isinstance(v, Packed) and v.layout.width == first.layout.width for _, v in values):
+            return merged(values, count)   # (real rows only, as the arms computed them)
         shape = first.base.shape[1:] if isinstance(first, Lanes) else first.shape
         out = torch.empty((count, *shape), dtype=dtype, device=(first.base if isinstance(first, Lanes) else first).device)
         for lanes, v in values:

@@ -57,6 +57,130 @@ class Lanes:
         return f"Lanes({tuple(self.base.shape)}, index={None if self.index is None else len(self.index)})"
 
 
+class RowLayout:
+    """Where each lane's rows lie when the rows of a ragged dim (a sentence's tokens) of every
+    lane are held one after another, packed: lane i's are rows offsets[i] .. offsets[i] +
+    lengths[i]; padded, every lane has `width` rows (the batch's largest size)."""
+
+    def __init__(self, lengths: torch.Tensor, width: int):
+        self.lengths, self.width = lengths, width
+        self.offsets = torch.cumsum(lengths, 0) - lengths
+        self.total = int(lengths.sum())
+        self.shortest = int(lengths.min()) if len(lengths) else 0
+        self.full = self.total == self.count * width   # every lane at the width: packed is padded
+        self._slots = self._pad_index = None
+
+    @property
+    def count(self) -> int:
+        return len(self.lengths)
+
+    def same(self, other: "RowLayout") -> bool:
+        return self is other or (self.width == other.width and self.total == other.total
+                                 and torch.equal(self.lengths, other.lengths))
+
+    def lane_rows(self, lanes: torch.Tensor) -> torch.Tensor:
+        """The packed rows of `lanes`, lane after lane."""
+        lengths = self.lengths[lanes]
+        starts = torch.repeat_interleave(self.offsets[lanes] - (torch.cumsum(lengths, 0) - lengths), lengths)
+        return starts + torch.arange(int(lengths.sum()), device=lengths.device)
+
+    @property
+    def slots(self) -> torch.Tensor:
+        """Each packed row's position in the padded rows, (lanes * width) flattened."""
+        if self._slots is None:
+            lane = torch.repeat_interleave(torch.arange(self.count, device=self.lengths.device), self.lengths)
+            self._slots = lane * self.width + torch.arange(self.total, device=lane.device) - self.offsets[lane]
+        return self._slots
+
+    @property
+    def pad_index(self) -> torch.Tensor:
+        """Each padded position's packed row: a lane's own, its last one repeated past its size
+        (padding holds values the program has, as the stacked inputs' does: no division by a
+        zero nobody wrote), and a lane without rows reads row 0."""
+        if self._pad_index is None:
+            j = torch.arange(self.width, device=self.lengths.device)
+            last = (self.lengths - 1).clamp(min=0)
+            self._pad_index = (self.offsets[:, None] + torch.minimum(j[None, :], last[:, None])).flatten()
+            self._pad_index.clamp_(max=max(self.total - 1, 0))
+        return self._pad_index
+
+    def pack(self, padded: torch.Tensor) -> torch.Tensor:
+        """Rows (lanes, width, ...) of a padded value -> its packed rows (total, ...)."""
+        if self.full:
+            return padded.reshape(self.total, *padded.shape[2:])
+        return padded.reshape(self.count * self.width, *padded.shape[2:]).index_select(0, self.slots)
+
+
+class Packed(Lanes):
+    """A value whose first dim is ragged, held as its real rows only (`RowLayout`): native blocks
+    of position-wise ops (a Linear, a LayerNorm over each token) compute on these, so that no
+    work is spent on padding. Read as a `Lanes` (`rows()`, `base`), it is padded, once."""
+    __slots__ = ("packed", "layout", "_padded")
+
+    def __init__(self, packed: torch.Tensor, layout: RowLayout):
+        self.packed, self.layout, self._padded = packed, layout, None
+
+    @property
+    def base(self) -> torch.Tensor:
+        if self._padded is None:
+            layout, rest = self.layout, self.packed.shape[1:]
+            if layout.full:
+                self._padded = self.packed.view(layout.count, layout.width, *rest)
+            elif layout.total == 0:
+                self._padded = self.packed.new_zeros((layout.count, layout.width, *rest))
+            else:
+                self._padded = self.packed.index_select(0, layout.pad_index).view(layout.count, layout.width, *rest)
+        return self._padded
+
+    @property
+    def index(self):
+        return None
+
+    @property
+    def count(self) -> int:
+        return self.layout.count
+
+    @property
+    def rank(self) -> int:
+        return self.packed.dim()
+
+    def rows(self) -> torch.Tensor:
+        return self.base
+
+    def take(self, lanes: torch.Tensor) -> "Packed":
+        return Packed(self.packed.index_select(0, self.layout.lane_rows(lanes)),
+                      RowLayout(self.layout.lengths[lanes], self.layout.width))
+
+    def first_rows(self, k: int) -> torch.Tensor:
+        """Row k of every lane."""
+        if k >= self.layout.shortest:
+            raise IndexError(f"index {k} is out of bounds for dimension 0 with size {self.layout.shortest}")
+        return self.packed.index_select(0, self.layout.offsets + k)
+
+    def __repr__(self) -> str:
+        return f"Packed({tuple(self.packed.shape)}, lanes={self.count})"
+
+
+def merged(parts: list[tuple[torch.Tensor, "Packed"]], count: int) -> Packed:
+    """One packed value of `count` lanes from parts (the lanes each holds, their packed value)."""
+    first = parts[0][1]
+    lengths = torch.empty(count, dtype=first.layout.lengths.dtype)
+    for lanes, v in parts:
+        lengths[lanes] = v.layout.lengths
+    layout = RowLayout(lengths, first.layout.width)
+    out = first.packed.new_empty((layout.total, *first.packed.shape[1:]))
+    for lanes, v in parts:
+        out[layout.lane_rows(lanes)] = v.packed
+    return Packed(out, layout)
+
+
+def packed_rows(value, layout: RowLayout, count: int) -> torch.Tensor:
+    """A lane value's packed rows under `layout` (a shared value is every lane's)."""
+    if isinstance(value, Packed) and value.layout.same(layout):
+        return value.packed
+    return layout.pack(rows(value, count))
+
+
 def take(value, lanes: torch.Tensor):
     return value.take(lanes) if isinstance(value, Lanes) else value
 
@@ -169,6 +293,12 @@ def _select(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
     index together with the lane index, so a lane reading its row of its instance's table is one
     gather from the table itself (the lane's index array, when it has one, stands for the lane dim)."""
     x, dynamic = operands[0], operands[1:]
+    key = attrs["key"]
+    if isinstance(x, Packed) and key and key[0][0] == "int" and int(key[0][1]) >= 0 and not dynamic:
+        # row k of each lane, from its packed rows (the padded value is never made)
+        rest = {**attrs, "key": key[1:]}
+        first = Lanes(x.first_rows(int(key[0][1])))
+        return _select(kind, [first], rest, count) if key[1:] else first.rows()
     batched_x = isinstance(x, Lanes)
     basic, positions = [slice(None)] if batched_x else [], []   # positions: the dynamic ones' dims in y
     kept = len(basic)   # dims of y so far (an int item drops its dim)
