@@ -156,6 +156,7 @@ class CompiledFunction:
         self._warned: set[type] = set()   # the fallback warnings given once already
         self.chosen = backend        # with "auto": the backend the last specialization used
         self.frozen = False   # compile_traced: no other specialization may be compiled
+        self._guards_held: dict | None = None   # within `guards_checked_once`: id(guard) -> whether it held
         self._assigned: dict[type, dict] = {}    # node class -> fields the program assigns (frontend.nodes)
         self._kept_as_objects: set[type] = set()   # node classes whose trees the program reads as objects
 
@@ -183,6 +184,25 @@ class CompiledFunction:
         """Compile for these arguments (if not cached yet); return the program."""
         args, kwargs = self._bind(args, kwargs)
         return self._prepare(args, kwargs)[2][0]
+
+    @contextlib.contextmanager
+    def guards_checked_once(self):
+        """Within, each program's constant guard is checked once: the instances of one batch
+        run one model, whose parameters cannot change between them (64 instances checked the
+        model's every parameter 64 times)."""
+        self._guards_held = {}
+        try:
+            yield
+        finally:
+            self._guards_held = None
+
+    def _holds(self, guard: "_ConstantGuard") -> bool:
+        if self._guards_held is None:
+            return guard.holds()
+        held = self._guards_held.get(id(guard))
+        if held is None:
+            held = self._guards_held[id(guard)] = guard.holds()
+        return held
 
     def _prepare(self, args, kwargs, flat: tuple | None = None) -> tuple[list, list, tuple[Program, Callable]]:
         """(the leaves the program takes, the trees linearized into them, (program, run)).
@@ -222,16 +242,16 @@ class CompiledFunction:
         flat = flat if flat is not None else pytree.flatten((args, kwargs))
         static = self._key(args, kwargs, flat)
         seen = self._seen_shapes.get(static)   # shapes called before: no new sizes to learn from them
-        if seen is not None and (self.frozen or seen[2].holds()):
+        if seen is not None and (self.frozen or self._holds(seen[2])):
             return seen[1]
         if seen is None and static in self.cache:   # a program of exactly these sizes (the measured policy's)
-            if self.frozen or self._guards[static].holds():
+            if self.frozen or self._holds(self._guards[static]):
                 return self._remember(static, static, self.cache[static])
             del self.cache[static]
         dims = None if seen is not None else self._dims_of(static, flat[0])
         key = seen[0] if seen is not None else _erase_key(static, dims)
         entry = self.cache.get(key)
-        if entry is not None and not self.frozen and not self._guards[key].holds():
+        if entry is not None and not self.frozen and not self._holds(self._guards[key]):
             entry = None   # the model's parameters were replaced since: compile for the ones it holds now
         if entry is None:
             if self.frozen:

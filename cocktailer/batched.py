@@ -115,14 +115,15 @@ class BatchedFunction:
         is captured, running the model on it: where that fails (an index out of its range, say),
         every such instance is named."""
         prepared, bad, reasons = [], [], []
-        for i, (args, kwargs, flat) in enumerate(instances):
-            try:
-                prepared.append(self.single._prepare(args, kwargs, flat))
-            except InternalError:
-                raise
-            except Exception as e:   # CocktailerError, or the model's own exception while it was captured
-                bad.append(i)
-                reasons.append(f"{type(e).__name__}: {e}")
+        with self.single.guards_checked_once():
+            for i, (args, kwargs, flat) in enumerate(instances):
+                try:
+                    prepared.append(self.single._prepare(args, kwargs, flat))
+                except InternalError:
+                    raise
+                except Exception as e:   # CocktailerError, or the model's own exception while it was captured
+                    bad.append(i)
+                    reasons.append(f"{type(e).__name__}: {e}")
         if bad:
             raise BatchInputError(bad, reasons)
         return prepared
