@@ -15,16 +15,23 @@ lanes' real rows packed one after another (`ROWS` of them) instead of on rows pa
 longest lane: no work for padding (`row_wise`, `Packed`). The ops that mix a lane's rows
 (attention's products and softmax) run in blocks over padded lanes as before.
 
+A softmax along a ragged size, or a product that sums over one, reads padding: in a block, its
+operand is first set to -inf (softmax) or 0 (product) past each lane's size, by a WHERE with a
+mask the block takes as an input (each lane's valid positions, `Block.masks`), so attention
+over sentences of different lengths is one native block, not torch ops between two.
+
 Which values differ by lane is decided ahead (`lane_varying`), conservatively: a value the
 analysis calls lane-varying may still be the same in every lane at run time (a branch all lanes
 took alike); it is then repeated per lane for the block.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 from cocktailer.batching.lanes import Lanes, Packed, RowLayout, packed_rows, rows
-from cocktailer.batching.ragged import needs_lane_sizes
+from cocktailer.batching.ragged import masked, needs_lane_sizes
 from cocktailer.codegen import kernels
 from cocktailer.ir import CONTROL, CREATION, ELEMENTWISE, Function, Op, Operation, Program, Region, Sym, TensorType, Value
 from cocktailer.ir.analysis import sizes_of
@@ -43,6 +50,7 @@ class Block:
     varying_inputs: list[bool]
     varying_outputs: list[bool]
     packed: Sym | None = None        # the ragged size whose rows the block computes on packed (`row_wise`)
+    masks: list = field(default_factory=list)   # (size, per-lane rank, dim) of each mask input, after the inputs
     program: Program | None = None   # the batched program, if every op has an IR rule
     compiled: object = None          # its entry point, once compiled
 
@@ -88,19 +96,40 @@ def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragg
     def close():
         for packed, ops in _by_layout(run, varying, ragged):
             if len(ops) >= 2:
-                out.append(_block(ops, varying, users, producers, packed))
+                out.append(_block(ops, varying, users, producers, ragged, packed))
             else:
                 out.extend(ops)
         run.clear()
 
     for op in region.ops:
-        if _batchable(op, varying) and not needs_lane_sizes(op, ragged):
+        if _batchable(op, varying) and (not needs_lane_sizes(op, ragged) or _maskable(op, varying, ragged)):
             run.append(op)
         else:
             close()
             out.append(op)
     close()
     return out
+
+
+def masked_operands(op: Operation, ragged) -> list[tuple[int, int, Sym]]:
+    """(operand, dim of one lane's value, size) of each operand dim along which `op` reads
+    padding: a softmax's dim, a product's contracted dims (`ragged.masked`)."""
+    if not masked(op) & set(ragged):
+        return []
+    shapes = [v.type.shape for v in op.operands]
+    if op.op is Op.MATMUL:
+        dims = [(0, len(shapes[0]) - 1), (1, len(shapes[1]) - 2 if len(shapes[1]) >= 2 else 0)]
+    else:
+        dims = [(0, op.attrs["dim"] % len(shapes[0]))]
+    return [(k, d, shapes[k][d]) for k, d in dims if shapes[k][d] in ragged]
+
+
+def _maskable(op: Operation, varying: set[int], ragged) -> bool:
+    """Whether the block can mask what `op` would read of the padding itself: a softmax or a
+    product (not an index, checked by the executor) whose padded operands differ by lane."""
+    return (op.op in (Op.MATMUL, Op.SOFTMAX, Op.LOG_SOFTMAX)
+            and all(op.operands[k].id in varying and op.operands[k].type.dtype.is_floating_point
+                    for k, _, _ in masked_operands(op, ragged)))
 
 
 def _by_layout(run: list[Operation], varying: set[int], ragged: set) -> list[tuple]:
@@ -119,7 +148,21 @@ def _by_layout(run: list[Operation], varying: set[int], ragged: set) -> list[tup
         else:
             parts.append((sym, [*shared, op]))
             shared = []
-    return parts or [(None, shared)]
+    return _joined(parts) or [(None, shared)]
+
+
+def _joined(parts: list[tuple]) -> list[tuple]:
+    """`parts` with the packed ones that hold no product made padded (packing costs a copy in
+    and out; elementwise ops save less than that), and padded neighbours joined."""
+    out: list[tuple] = []
+    for sym, ops in parts:
+        if sym is not None and not any(op.op is Op.MATMUL for op in ops):
+            sym = None
+        if out and sym is None and out[-1][0] is None:
+            out[-1][1].extend(ops)
+        else:
+            out.append((sym, list(ops)))
+    return out
 
 
 def row_wise(op: Operation, varying: set[int], ragged: set) -> Sym | None:
@@ -180,7 +223,7 @@ def constant_source(v: Value, producers: dict[int, Operation]) -> Operation | No
 
 
 def _block(ops: list[Operation], varying: set[int], users: dict[int, set[int]],
-           producers: dict[int, Operation], packed: Sym | None = None) -> Block:
+           producers: dict[int, Operation], ragged: set, packed: Sym | None = None) -> Block:
     """A block of `ops`, with the constants it reads from other regions (`constant_source`)."""
     defined = {r.id for o in ops for r in o.results}
     weights = list({v.id: source for o in ops for v in o.operands
@@ -190,7 +233,10 @@ def _block(ops: list[Operation], varying: set[int], users: dict[int, set[int]],
     defined |= {w.results[0].id for w in weights}
     inputs = list({v.id: v for o in ops for v in o.operands if v.id not in defined}.values())
     outputs = [r for o in ops[len(weights):] for r in o.results if users.get(r.id, set()) - inside]
-    return Block(ops, inputs, outputs, [v.id in varying for v in inputs], [v.id in varying for v in outputs], packed)
+    masks = list(dict.fromkeys((sym, op.operands[k].type.rank, d) for op in ops
+                               for k, d, sym in masked_operands(op, ragged)))
+    return Block(ops, inputs, outputs, [v.id in varying for v in inputs], [v.id in varying for v in outputs], packed,
+                 masks)
 
 
 # --------------------------------------------------------------------------- the IR's batching rules
@@ -255,9 +301,14 @@ def batched_program(block: Block, program: Program) -> Program:
     for v, lane in zip(block.inputs, block.varying_inputs):
         rename[v.id] = Value(_over_lanes(v.type) if lane else v.type, v.hint)
         params.append(rename[v.id])
+    masks = {key: Value(_mask_type(*key)) for key in block.masks}
+    params += masks.values()
     ops = []
     for op in block.ops:
         operands = [rename[v.id] for v in op.operands]
+        for k, d, sym in masked_operands(op, [key[0] for key in block.masks]):
+            operands[k] = _masked(operands[k], masks[(sym, op.operands[k].type.rank, d)],
+                                  float("-inf") if op.op is not Op.MATMUL else 0.0, ops)
         flags = [v.type.rank != o.type.rank for v, o in zip(operands, op.operands)]
         attrs = _rule(op, flags) if any(flags) else dict(op.attrs)
         results = [Value(_over_lanes(r.type) if any(flags) else r.type, r.hint) for r in op.results]
@@ -267,6 +318,26 @@ def batched_program(block: Block, program: Program) -> Program:
     sizes = sizes_of(params)
     return Program({"main": Function("main", Region(params, ops, yields))}, "main", program.constants,
                    program.device, sizes=sizes)
+
+
+def _mask_type(sym: Sym, rank: int, dim: int) -> TensorType:
+    """Each lane's valid positions along its dim `dim` of a rank-`rank` value, broadcastable."""
+    return TensorType((LANES, *[sym if d == dim else 1 for d in range(rank)]), torch.bool)
+
+
+def _masked(x: Value, mask: Value, fill: float, ops: list[Operation]) -> Value:
+    """x with `fill` where `mask` is false (past a lane's size)."""
+    value = Value(TensorType((), x.type.dtype))
+    ops.append(Operation(Op.SCALAR, [], [value], {"value": fill, "dtype": x.type.dtype}))
+    out = Value(x.type, x.hint)
+    ops.append(Operation(Op.WHERE, [mask, x, value], [out], {}))
+    return out
+
+
+def lane_mask(lengths: torch.Tensor, width: int, rank: int, dim: int) -> torch.Tensor:
+    """`_mask_type`'s tensor: position j of lane i is valid where j < lengths[i]."""
+    valid = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
+    return valid.view(len(lengths), *[width if d == dim else 1 for d in range(rank)])
 
 
 def _packed_program(block: Block, program: Program) -> Program:
@@ -309,9 +380,9 @@ def _as_lanes(value: Value, lane: bool, ops: list[Operation]) -> Value:
     return out
 
 
-def run_block(block: Block, env: dict, count: int, layout: RowLayout | None = None) -> None:
+def run_block(block: Block, env: dict, count: int, layout: RowLayout | None = None, masks: list = ()) -> None:
     """Call the block's native entry for `count` lanes; its outputs into `env`. `layout`: where
-    the lanes' rows lie, for a packed block."""
+    the lanes' rows lie, for a packed block; `masks`: the tensors of `block.masks`."""
     if block.packed is not None:
         inputs = [packed_rows(env[v.id], layout, count) if lane else env[v.id]
                   for v, lane in zip(block.inputs, block.varying_inputs)]
@@ -320,6 +391,6 @@ def run_block(block: Block, env: dict, count: int, layout: RowLayout | None = No
             env[v.id] = Packed(t, layout) if lane else t
         return
     inputs = [rows(env[v.id], count) if lane else env[v.id] for v, lane in zip(block.inputs, block.varying_inputs)]
-    outs = block.compiled(inputs)
+    outs = block.compiled(inputs + list(masks))
     for v, lane, t in zip(block.outputs, block.varying_outputs, outs):
         env[v.id] = Lanes(t) if lane else t

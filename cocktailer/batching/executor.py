@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from cocktailer.backend.batched import build_blocks
-from cocktailer.batching.blocks import Block, batched_program, lane_varying, run_block, segments
+from cocktailer.batching.blocks import Block, batched_program, lane_mask, lane_varying, run_block, segments
 from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect, slice_branches
 from cocktailer.batching.levels import LevelProgram, level_inputs, level_program, run_level_loop
 from cocktailer.batching.loops import LoopProgram, loop_program, run_loop_program
@@ -44,7 +44,7 @@ from cocktailer.runtime.compiler import find_compiler
 
 
 
-LAYOUTS = "layouts"   # env key: (the lanes' sizes, where each ragged size's rows lie packed: `_layout`)
+LAYOUTS = "layouts"   # env key: (the lanes' sizes, what is made of them: packed layouts, masks: `_kept`)
 _MASKED = (Op.MATMUL, Op.SOFTMAX, Op.LOG_SOFTMAX)   # may read padding, which the executor masks (ragged.masked)
 
 
@@ -302,7 +302,7 @@ class BatchedExecutor:
             for part in parts:
                 if isinstance(part, Block):
                     layout = None if part.packed is None else self._layout(env, part.packed, count)
-                    run_block(part, env, count, layout)
+                    run_block(part, env, count, layout, [self._mask(env, key, count) for key in part.masks])
                     if layout is not None:
                         self.schedule.packed_rows += layout.total
                         self.schedule.padded_rows += layout.count * layout.width
@@ -320,13 +320,32 @@ class BatchedExecutor:
         sizes = env.get(SIZES)
         if sizes is None:   # (no lane sizes here: every lane's rows are all of the width's)
             return RowLayout(torch.full((count,), self._padded_sizes[sym], dtype=torch.int64), self._padded_sizes[sym])
+        kept = self._kept(env)
+        layout = kept.get(sym)
+        if layout is None:
+            layout = kept[sym] = RowLayout(sizes.rows()[:, self.ragged.index(sym)], self._padded_sizes[sym])
+        return layout
+
+    @staticmethod
+    def _kept(env: dict) -> dict:
+        """What is made once per env from its lanes' sizes (layouts, masks), kept beside them."""
+        sizes = env.get(SIZES)
         kept = env.get(LAYOUTS)
         if kept is None or kept[0] is not sizes:
             kept = env[LAYOUTS] = (sizes, {})
-        layout = kept[1].get(sym)
-        if layout is None:
-            layout = kept[1][sym] = RowLayout(sizes.rows()[:, self.ragged.index(sym)], self._padded_sizes[sym])
-        return layout
+        return kept[1]
+
+    def _mask(self, env: dict, key: tuple, count: int) -> torch.Tensor:
+        """A block's mask input (`blocks.lane_mask`) for the env's lanes, made once per env."""
+        sym, rank, dim = key
+        kept = self._kept(env)
+        mask = kept.get(key)
+        if mask is None:
+            width = self._padded_sizes[sym]
+            lengths = (env[SIZES].rows()[:, self.ragged.index(sym)] if SIZES in env
+                       else torch.full((count,), width, dtype=torch.int64))
+            mask = kept[key] = lane_mask(lengths, width, rank, dim)
+        return mask
 
     def run_op(self, op: Operation, env: dict, count: int, only: frozenset | None = None):
         kind = op.op
