@@ -15,6 +15,7 @@ from fuzz.gen import generate
 from fuzz.harness import check, configs_for
 
 SEEDS = range(100)
+RAGGED_SEEDS = range(32)
 NATIVE_EVERY = 4
 
 
@@ -67,5 +68,19 @@ def test_programs_batched_agree_with_eager_per_instance():
         for config in configs:
             outcome = check(generate(seed), config)
             if outcome.status in ("mismatch", "crash"):
+                failures.append(f"seed {seed} [{config}] {outcome.status}: {outcome.detail[:2000]}")
+    assert not failures, "\n\n".join(failures)
+
+
+def test_sentence_programs_batched_agree_with_eager_per_instance():
+    """Programs over a sentence whose length differs between the instances (fuzz/ragged.py):
+    position-wise layers on packed rows, attention masked in its block, decisions on a token,
+    loops over the tokens; each instance's results as eager gives them for it alone."""
+    from fuzz.harness import program_for
+    failures = []
+    for seed in RAGGED_SEEDS:
+        for config in ["batch-ragged"] + (["batch-ragged-torch"] if seed % 4 == 0 else []):
+            outcome = check(program_for(seed, config), config)
+            if outcome.status in ("mismatch", "crash", "invalid"):
                 failures.append(f"seed {seed} [{config}] {outcome.status}: {outcome.detail[:2000]}")
     assert not failures, "\n\n".join(failures)

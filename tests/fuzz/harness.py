@@ -46,7 +46,12 @@ CONFIGS = {
     "batch": ("batch", {}),
     "batch-torch": ("batch", {"native_blocks": False, "native_inspector": False, "level_programs": False,
                               "level_loop": False, "loop_programs": False}),
+    # the same for the programs over sentences of different lengths (ragged.py, `program_for`)
+    "batch-ragged": ("batch", {}),
+    "batch-ragged-torch": ("batch", {"native_blocks": False, "native_inspector": False, "level_programs": False,
+                                     "level_loop": False, "loop_programs": False}),
 }
+RAGGED = {"batch-ragged", "batch-ragged-torch"}
 DYNAMIC = {"cpu-dynamic", "reference-dynamic"}
 NATIVE = [name for name, (backend, _) in CONFIGS.items() if backend not in ("reference", "batch")]
 WEIGHTS = {"cpu-measured": 0.3, "host-nested": 0.5}   # the slow ones, less often
@@ -65,6 +70,13 @@ class Outcome:
 
     def to_json(self) -> dict:
         return self.__dict__.copy()
+
+
+def program_for(seed: int, config: str):
+    """The program a (seed, configuration) job checks: a sentence program for the ragged ones."""
+    from fuzz.gen import generate
+    from fuzz.ragged import generate_ragged
+    return generate_ragged(seed) if config in RAGGED else generate(seed)
 
 
 def configs_for(seed: int, count: int = 1) -> list[str]:

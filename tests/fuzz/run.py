@@ -104,7 +104,8 @@ def _jobs(seeds, native: int):
     """(seed, configuration) pairs, a program's configurations one after the other."""
     from fuzz.harness import configs_for
     for seed in seeds:
-        configs = configs_for(seed, native) + ["batch", "batch-torch"]   # its input sets as instances of a batch
+        # its input sets as instances of a batch; and a program over sentences of different lengths
+        configs = configs_for(seed, native) + ["batch", "batch-torch", "batch-ragged", "batch-ragged-torch"]
         for config in configs:
             yield {"check": seed, "config": config, "of": len(configs)}
 
@@ -161,16 +162,15 @@ def _worker():
     """Reads requests, runs them, writes results: {"check": seed} or {"minimize": ...}."""
     import warnings
     warnings.simplefilter("ignore")
-    from fuzz.gen import generate
-    from fuzz.harness import check
+    from fuzz.harness import check, program_for
     from fuzz.minimize import minimize, write_reproducer
     for line in sys.stdin:
         job = json.loads(line)
         if "check" in job:
-            reply = check(generate(job["check"]), job["config"]).to_json()
+            reply = check(program_for(job["check"], job["config"]), job["config"]).to_json()
         else:
             from fuzz.harness import Outcome
-            program = generate(job["minimize"])
+            program = program_for(job["minimize"], job["config"])
             failure = Outcome(**job["outcome"])
             small = program if job.get("as_is") else minimize(program, job["config"], failure)
             path = write_reproducer(small, job["config"], failure.detail, Path(job["out"]))
