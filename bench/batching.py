@@ -40,7 +40,10 @@ found by the control slice compiled to C, or, where the slice computes with tens
 its rounds as native programs); + level programs (a level's calls that take the same
 arms as one native call, called from Python); + native level loop (every level's programs called
 by one native loop); + loop programs (a counted loop with a straight-line body, every step in one
-native call: the default). A step that does not apply to a model (loop programs to a tree
+native call); + masks in blocks (a softmax or product over a ragged size, attention's, masks the
+padding inside its native block instead of running as a masked torch op); + packed rows
+(position-wise blocks over a ragged size compute on the instances' real rows, not the padding:
+the default). A step that does not apply to a model (loop programs to a tree
 recursion, levels to an RNN) changes nothing but noise.
 """
 from __future__ import annotations
@@ -189,17 +192,20 @@ def run_workload(name: str, hidden: int | None, batch: int, budget: Budget, with
 _OFF = Techniques(levels=False, gather_fusion=False, parameter_reuse=False, native_blocks=False,
                   native_inspector=False, level_programs=False, loop_programs=False)
 _LEVELS = Techniques(native_blocks=False, native_inspector=False, level_programs=False, loop_programs=False)
+_PADDED = {"block_masks": False, "packed_rows": False}   # the ragged techniques, added last
 ABLATION = [   # (name, techniques, instances per call: 1 or all)
     ("one instance per call", Techniques(), 1),
     ("batched, depth-first", _OFF, None),
     ("+ parameter reuse", replace(_OFF, parameter_reuse=True), None),
     ("+ gather fusion", replace(_OFF, parameter_reuse=True, gather_fusion=True), None),
     ("+ levels", _LEVELS, None),
-    ("+ native blocks", replace(_LEVELS, native_blocks=True), None),
-    ("+ native inspector", Techniques(level_programs=False, loop_programs=False), None),
-    ("+ level programs", Techniques(level_loop=False, loop_programs=False), None),
-    ("+ native level loop", Techniques(loop_programs=False), None),
-    ("+ loop programs (default)", Techniques(), None),
+    ("+ native blocks", replace(_LEVELS, native_blocks=True, **_PADDED), None),
+    ("+ native inspector", Techniques(level_programs=False, loop_programs=False, **_PADDED), None),
+    ("+ level programs", Techniques(level_loop=False, loop_programs=False, **_PADDED), None),
+    ("+ native level loop", Techniques(loop_programs=False, **_PADDED), None),
+    ("+ loop programs", Techniques(**_PADDED), None),
+    ("+ masks in blocks", Techniques(packed_rows=False), None),
+    ("+ packed rows (default)", Techniques(), None),
 ]
 
 

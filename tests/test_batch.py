@@ -437,7 +437,7 @@ def test_a_tree_index_out_of_range_is_named_and_nothing_is_returned():
 
 
 @pytest.mark.parametrize("off", ["levels", "gather_fusion", "parameter_reuse", "native_blocks", "native_inspector",
-                                 "level_programs", "level_loop", "loop_programs"])
+                                 "level_programs", "level_loop", "loop_programs", "block_masks", "packed_rows"])
 def test_each_technique_turned_off_gives_the_same_answers(off):
     """The ablation's configurations compute what the default does (only slower)."""
     techniques = Techniques(**{off: False})
@@ -452,6 +452,13 @@ def test_each_technique_turned_off_gives_the_same_answers(off):
     assert bool(batched.schedule.loop_programs) == (off != "loop_programs")
     assert_batch_matches(SequenceRNN().eval(), [(randn(n, 3, seed=k),) for k, n in enumerate([4, 9, 2])],
                          techniques=techniques)
+    torch.manual_seed(4)
+    batched = assert_batch_matches(TokenEncoder().eval(), [(randn(n, 8, seed=k, scale=2.0),)
+                                                           for k, n in enumerate([7, 30, 3, 12])], techniques=techniques)
+    assert bool(batched.schedule.packed_rows) == (off not in ("packed_rows", "native_blocks"))
+    (executor,) = batched._executors.values()
+    masked = [p for parts in executor._segments.values() for p in parts if getattr(p, "masks", None)]
+    assert bool(masked) == (off not in ("block_masks", "native_blocks"))
 
 
 def _call_tree(batched, instances, native: bool):

@@ -87,22 +87,23 @@ def _varying_results(op: Operation, varying: set[int], ragged: set) -> set[int]:
 
 
 def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragged: set,
-             producers: dict[int, Operation]) -> list:
+             producers: dict[int, Operation], packed: bool = True, masks: bool = True) -> list:
     """The region's ops, maximal runs of two or more batchable data ops grouped into Blocks.
-    `ragged`: the sizes that may differ by lane (an op that needs each lane's own, to mask
-    padding or check an index, runs in the executor); `producers`: the op defining each value."""
+    `ragged`: the sizes that may differ by lane (an op that needs each lane's own to check an
+    index runs in the executor, and one that must mask padding too unless `masks`);
+    `producers`: the op defining each value; `packed`: row-wise runs compute on packed rows."""
     out, run = [], []
 
     def close():
-        for packed, ops in _by_layout(run, varying, ragged):
+        for sym, ops in (_by_layout(run, varying, ragged) if packed and run else [(None, run)]):
             if len(ops) >= 2:
-                out.append(_block(ops, varying, users, producers, ragged, packed))
+                out.append(_block(list(ops), varying, users, producers, ragged, sym))
             else:
                 out.extend(ops)
         run.clear()
 
     for op in region.ops:
-        if _batchable(op, varying) and (not needs_lane_sizes(op, ragged) or _maskable(op, varying, ragged)):
+        if _batchable(op, varying) and (not needs_lane_sizes(op, ragged) or masks and _maskable(op, varying, ragged)):
             run.append(op)
         else:
             close()

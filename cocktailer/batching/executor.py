@@ -62,6 +62,10 @@ class Techniques:
     level_loop: bool = True        # a recursion's level programs called by one native loop (else from Python)
     loop_programs: bool = True     # a counted loop with a straight-line body, every step, as one native call
     #                                (else Python runs each step)
+    block_masks: bool = True       # a softmax or product that reads padding masks it inside its native block
+    #                                (else it runs as a torch op, masked by the executor)
+    packed_rows: bool = True       # position-wise blocks over a ragged size compute on the instances' real rows
+    #                                packed (else on rows padded to the longest)
 
 
 @dataclass
@@ -156,7 +160,8 @@ class BatchedExecutor:
 
     def _build_blocks(self):
         self._users = {vid: ops for fn in self.program.functions.values() for vid, ops in value_users(fn).items()}
-        built = {id(region): segments(region, self.varying, self._users, set(self.ragged), self.producers)
+        built = {id(region): segments(region, self.varying, self._users, set(self.ragged), self.producers,
+                                      self.techniques.packed_rows, self.techniques.block_masks)
                  for fn in self.program.functions.values() for region in fn.body.regions()}
         self.block_notes = self._compiled(built)
 
@@ -180,7 +185,8 @@ class BatchedExecutor:
             return
         self._sliced.add(id(plan.control))
         built = {(id(region), id(plan.control)): segments(_Only(region, plan.control), self.varying, self._users,
-                                                          set(self.ragged), self.producers)
+                                                          set(self.ragged), self.producers,
+                                                          self.techniques.packed_rows, self.techniques.block_masks)
                  for region in plan.function.body.regions()}
         self.block_notes += self._compiled(built)
 
@@ -315,25 +321,12 @@ class BatchedExecutor:
         return [env.get(v.id) for v in region.yields]
 
     def _layout(self, env: dict, sym: Sym, count: int) -> RowLayout:
-        """Where the rows of ragged size `sym` of the env's lanes lie packed, made once per env
-        (per set of lanes: kept beside the lanes' sizes it was made from)."""
-        sizes = env.get(SIZES)
-        if sizes is None:   # (no lane sizes here: every lane's rows are all of the width's)
-            return RowLayout(torch.full((count,), self._padded_sizes[sym], dtype=torch.int64), self._padded_sizes[sym])
+        """Where the rows of ragged size `sym` of the env's lanes lie packed, made once per env."""
         kept = self._kept(env)
         layout = kept.get(sym)
         if layout is None:
-            layout = kept[sym] = RowLayout(sizes.rows()[:, self.ragged.index(sym)], self._padded_sizes[sym])
+            layout = kept[sym] = RowLayout(self._lane_sizes(env, sym, count), self._padded_sizes[sym])
         return layout
-
-    @staticmethod
-    def _kept(env: dict) -> dict:
-        """What is made once per env from its lanes' sizes (layouts, masks), kept beside them."""
-        sizes = env.get(SIZES)
-        kept = env.get(LAYOUTS)
-        if kept is None or kept[0] is not sizes:
-            kept = env[LAYOUTS] = (sizes, {})
-        return kept[1]
 
     def _mask(self, env: dict, key: tuple, count: int) -> torch.Tensor:
         """A block's mask input (`blocks.lane_mask`) for the env's lanes, made once per env."""
@@ -341,11 +334,24 @@ class BatchedExecutor:
         kept = self._kept(env)
         mask = kept.get(key)
         if mask is None:
-            width = self._padded_sizes[sym]
-            lengths = (env[SIZES].rows()[:, self.ragged.index(sym)] if SIZES in env
-                       else torch.full((count,), width, dtype=torch.int64))
-            mask = kept[key] = lane_mask(lengths, width, rank, dim)
+            mask = kept[key] = lane_mask(self._lane_sizes(env, sym, count), self._padded_sizes[sym], rank, dim)
         return mask
+
+    def _lane_sizes(self, env: dict, sym: Sym, count: int) -> torch.Tensor:
+        """Each of the env's lanes' own size `sym` (where it holds none: the padded width)."""
+        if SIZES not in env:
+            return torch.full((count,), self._padded_sizes[sym], dtype=torch.int64)
+        return env[SIZES].rows()[:, self.ragged.index(sym)]
+
+    @staticmethod
+    def _kept(env: dict) -> dict:
+        """What is made once per env from its lanes' sizes (layouts, masks), kept beside them:
+        an env of other lanes has other sizes, and makes its own."""
+        sizes = env.get(SIZES)
+        kept = env.get(LAYOUTS)
+        if kept is None or kept[0] is not sizes:
+            kept = env[LAYOUTS] = (sizes, {})
+        return kept[1]
 
     def run_op(self, op: Operation, env: dict, count: int, only: frozenset | None = None):
         kind = op.op

@@ -66,7 +66,7 @@ class RowLayout:
         self.lengths, self.width = lengths, width
         self.offsets = torch.cumsum(lengths, 0) - lengths
         self.total = int(lengths.sum())
-        self.shortest = int(lengths.min()) if len(lengths) else 0
+        self.shortest = int(lengths.min()) if len(lengths) else width   # (no lane: no index is out of range)
         self.full = self.total == self.count * width   # every lane at the width: packed is padded
         self._slots = self._pad_index = None
 
