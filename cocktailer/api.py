@@ -106,7 +106,8 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     where each wave measures faster so (`measure_waves=False`: where a work-balance rule says
     so), with fine-grained barriers, or global ones only with `fine_barriers=False`; not with
     `fan_out`), `rewrite`
-    (cpu, default True: loop distribution and hoisting; False only to measure them) and
+    (cpu, default True: loop distribution and hoisting; False only to measure them), `fuse`
+    (default True: chains of elementwise ops as one loop each; False only to measure it) and
     `policy`: "simple" (default: control flow at L1, the worker count by a size rule) or
     "measured" (cpu: candidates built and timed on this machine, the fastest kept; see
     cocktailer.explain), which times them on the example inputs and on `samples` (more

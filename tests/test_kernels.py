@@ -202,6 +202,30 @@ def cases_where() -> list[Case]:
     return out
 
 
+def _fused_case(inputs: list[torch.Tensor], chain: list[tuple]) -> Case:
+    """A FUSED op (passes.fuse) of `chain`: (op, operand refs into inputs then earlier steps, attrs)."""
+    values, steps = list(inputs), []
+    for kind, refs, attrs in chain:
+        values.append(SEMANTICS[kind](*(values[r] for r in refs), **attrs))
+        steps.append((kind.name, tuple(refs), tuple(sorted(attrs.items())), TensorType.of(values[-1])))
+    return Case(Op.FUSED, inputs, {"steps": tuple(steps)})
+
+
+def cases_fused() -> list[Case]:
+    """A Linear's bias, GELU and a scale; integers and floats promoted, compared and selected, then
+    cast; float64; a 0-d operand and broadcasting rows."""
+    return [
+        _fused_case([rand((7, 37)), rand((37,))], [(Op.ADD, (0, 1), {}), (Op.GELU, (2,), {}), (Op.MUL, (3, 0), {})]),
+        _fused_case([rand((5, 8), I64), rand((5, 8)), rand((), F32)],
+                    [(Op.MUL, (0, 1), {}), (Op.GT, (3, 2), {}), (Op.WHERE, (4, 1, 3), {}),
+                     (Op.CAST, (5,), {"dtype": I32})]),
+        _fused_case([rand((3, 1, 9), F64, special=True), rand((4, 9), F64)],
+                    [(Op.SIGMOID, (0,), {}), (Op.SUB, (2, 1), {}), (Op.TANH, (3,), {}), (Op.EXP, (4,), {})]),
+        _fused_case([rand((6, 33), I32), rand((33,), I32)], [(Op.ADD, (0, 1), {}), (Op.NEG, (2,), {}),
+                                                              (Op.MAXIMUM, (3, 0), {})]),
+    ]
+
+
 def cases_reduce() -> list[Case]:
     out = []
     shapes_dims = [((6, 7, 8), None), ((6, 7, 8), (0,)), ((6, 7, 8), (1,)), ((6, 7, 8), (2,)), ((6, 7, 8), (0, 2)),
@@ -379,8 +403,8 @@ def cases_movement() -> list[Case]:
     return out
 
 
-ALL_CASES: list[Case] = (cases_creation() + cases_unary() + cases_binary() + cases_where() + cases_reduce()
-                         + cases_matmul() + cases_conv() + cases_movement())
+ALL_CASES: list[Case] = (cases_creation() + cases_unary() + cases_binary() + cases_where() + cases_fused()
+                         + cases_reduce() + cases_matmul() + cases_conv() + cases_movement())
 
 
 # -- the harness -----------------------------------------------------------------------------

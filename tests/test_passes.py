@@ -1,4 +1,5 @@
 """Passes: constant folding (and that it never serves stale weights)."""
+import pytest
 import torch
 import torch.nn as nn
 
@@ -397,3 +398,50 @@ def test_an_op_that_may_raise_stays_in_its_loop():
         fast = cocktailer.compile(MayNotRun(), backend=backend)
         for args in [(x, bad_index, zero, torch.tensor(0)), (x, torch.tensor(1), torch.tensor(2), torch.tensor(2))]:
             torch.testing.assert_close(fast(*args), MayNotRun()(*args))
+
+
+class FeedForward(nn.Module):
+    """A Linear's bias and GELU, a LayerNorm's scale and shift, gates of a cell: chains of
+    elementwise ops between products and reductions."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down, self.norm = nn.Linear(8, 16), nn.Linear(16, 8), nn.LayerNorm(8)
+
+    def forward(self, x, c):
+        h = self.norm(x + self.down(torch.nn.functional.gelu(self.up(x))))
+        gate = torch.sigmoid(h) * torch.tanh(c * 2 - 1)
+        return gate, torch.where(h > 0, h, c), (gate * 3).to(torch.int64) + 1
+
+
+def test_elementwise_chains_run_as_one_loop_each():
+    """The native stages fuse each chain of elementwise ops whose intermediates nothing else
+    reads into one FUSED op (the IR the reference runs keeps them apart); the answers, over
+    float and integer results, casts and selects, are eager's."""
+    from cocktailer.backend.native import _fusable
+    from cocktailer.passes.fuse import fuse_elementwise
+    args = [(torch.randn(5, 8), torch.randn(5, 8)), (torch.randn(5, 8) * 3, torch.randn(5, 8))]
+    fast = assert_matches_eager(FeedForward(), args, backend="cpu")
+    (_, compiled), = fast.cache.values()
+    fused = [op for part in compiled.record.parts for op in part.program.walk() if op.op is Op.FUSED]
+    assert len(fused) >= 4 and max(len(op.attrs["steps"]) for op in fused) >= 4
+    assert not any(op.op is Op.FUSED for op in cocktailer.capture(FeedForward(), args[0]).walk())
+    # an intermediate that two ops read is computed once, not fused into both
+    def shared(x):
+        e = torch.exp(x)
+        return e + 1, e * 2
+    program = fuse_elementwise(cocktailer.capture(shared, (torch.randn(3),)).clone(), _fusable)
+    assert sum(op.op is Op.EXP for op in program.walk()) == 1
+
+
+def test_an_integer_division_keeps_its_zero_check_when_fused_around():
+    """An integer division checks its (broadcast) divisor before its loop: it is never fused,
+    the ops around it still may be, and a zero divisor fails as in eager."""
+    def f(a, b):
+        return (a + 1) // (b * 2) + 3
+    a = torch.tensor([4, 9, 7])
+    fast = assert_matches_eager(f, [(a, torch.tensor([2]))], backend="cpu")
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        f(a, torch.tensor([0]))
+    with pytest.raises(cocktailer.CompiledCallError, match="division by zero"):
+        fast(a, torch.tensor([0]))

@@ -17,7 +17,7 @@ import time
 import torch
 
 from cocktailer.backend.config import Config
-from cocktailer.backend.native import NATIVE_STAGES, Build, Part, build_parts
+from cocktailer.backend.native import UP_TO_RENDER, Build, Part, build_parts
 from cocktailer.backend.record import Record
 from cocktailer.ir import Program
 from cocktailer.codegen.inspector import InspectorSource, render_inspector
@@ -25,7 +25,6 @@ from cocktailer.codegen.level_loop import LEVEL_LOOP_SOURCE, LOOP_FAILED, LOOP_O
 from cocktailer.runtime.compiler import compile_shared_library, load_library
 from cocktailer.runtime.native import ERR_SIZES, CompiledProgram, default_workers
 
-_UP_TO_RENDER = NATIVE_STAGES[:3]   # memory plan, placement, render: whether a part can be built
 
 
 def build_blocks(programs: list[Program]) -> tuple[list[CompiledProgram | None], list[str]]:
@@ -36,7 +35,7 @@ def build_blocks(programs: list[Program]) -> tuple[list[CompiledProgram | None],
         part = Part(program, config, f"cocktailer_block_{k}")
         try:
             trial = Build(program, config, Record(config), [part])
-            for _, stage in _UP_TO_RENDER:
+            for _, stage in UP_TO_RENDER:
                 stage(trial)
         except Exception as e:   # a capability probe: the block then runs op by op, with torch
             why.append(f"block {k}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")

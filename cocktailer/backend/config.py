@@ -24,6 +24,7 @@ class Config:
     # the measured policy's steps to take (what it searches, not part of what is built)
     steps: tuple[str, ...] = field(default=STEPS, compare=False, hash=False)
     rewrite: bool = True         # cpu: loop distribution and hoisting (off only to measure them)
+    fuse: bool = True            # chains of elementwise ops as one loop each (off only to measure it)
     fan_out: bool = False        # cpu: independent calls at once on groups of workers (recursion unroll)
     unroll: int = 1              # cpu: steps per iteration of innermost loops with a trip count
     wavefront: bool = False      # cpu: independent ops of a wave side by side on groups of workers

@@ -1,7 +1,7 @@
 """The native build path, written once: programs (the cpu backend's one, the host backend's
 basic blocks, the two variants of every wave) become entry points of one shared library.
 
-    NATIVE_STAGES: memory plan -> placement -> render -> compile -> load
+    NATIVE_STAGES: fuse -> memory plan -> placement -> render -> compile -> load
 
 Each part carries its own configuration (the wave variants differ in `wavefront`); one
 compiler run serves all parts."""
@@ -13,9 +13,12 @@ from pathlib import Path
 
 from cocktailer.backend.config import Config
 from cocktailer.backend.record import Record
+from cocktailer.codegen import kernels
+from cocktailer.codegen.kernels.elementwise import int_divides
 from cocktailer.codegen.kernels.gemm import prepack_b
 from cocktailer.codegen.renderer import CPU, Rendered, assemble, render
 from cocktailer.ir import Program, SymbolicSizeError
+from cocktailer.passes.fuse import fuse_elementwise
 from cocktailer.runtime.compiler import compile_shared_library, load_library
 from cocktailer.runtime.native import CompiledProgram, Entry, Packed
 from cocktailer.schedule import SimplePolicy
@@ -53,6 +56,24 @@ def run_stages(stages: list, build: Build):
     for name, stage in stages:
         with build.record.stage(name) as entry:
             entry.detail = stage(build)
+
+
+def fuse(b: Build) -> str:
+    """Each part's chains of elementwise ops as one loop each (`passes.fuse`), on a copy of its
+    program. Not where waves are co-scheduled: their measurement chose among the unfused ops."""
+    fused = 0
+    for p in b.parts:
+        if p.config.wavefront or not p.config.fuse:
+            continue
+        before = sum(1 for _ in p.program.walk())
+        p.program = fuse_elementwise(p.program.clone(), _fusable)
+        fused += before - sum(1 for _ in p.program.walk())
+    return f"{fused} elementwise ops folded into the ops after them"
+
+
+def _fusable(op) -> bool:
+    """An elementwise op with a kernel whose loop checks nothing before it runs."""
+    return kernels.supported(op) and not int_divides(op)
 
 
 def memory_plan(b: Build) -> str:
@@ -94,8 +115,8 @@ def load(b: Build) -> str:
     return _count(b)
 
 
-NATIVE_STAGES = [("memory plan", memory_plan), ("placement", placement), ("render", render_parts),
-                 ("compile", compile_library), ("load", load)]
+UP_TO_RENDER = [("fuse", fuse), ("memory plan", memory_plan), ("placement", placement), ("render", render_parts)]
+NATIVE_STAGES = UP_TO_RENDER + [("compile", compile_library), ("load", load)]
 
 
 def build_parts(parts: list[Part], record: Record) -> list[CompiledProgram]:

@@ -55,6 +55,8 @@ class Op(enum.Enum):
     GATHER = enum.auto()      # dim: x indexed along dim by an integer tensor of any shape
     SCATTER = enum.auto()     # dim: y = x.clone(); y.index_copy_(dim, index, v): GATHER's inverse, operands (x, index, v)
     DIM = enum.auto()         # dim: x.shape[dim] as an i64[] (a symbolic size, read when the program runs)
+    # -- made by the native stages only, never captured ---------------------------
+    FUSED = enum.auto()       # steps: elementwise ops over the operands and earlier steps, one loop (passes/fuse.py)
     # -- control flow (regions; executed by cocktailer.reference) -----------------
     IF = enum.auto()
     LOOP = enum.auto()
@@ -78,7 +80,7 @@ ARITY: dict[Op, int | None] = {
     Op.CONST: 0, Op.SCALAR: 0, Op.FULL: 0, Op.ARANGE: 0, Op.MATMUL: 2, Op.CONV2D: None,
     Op.MAX_POOL2D: 1, Op.AVG_POOL2D: 1, Op.RESHAPE: 1, Op.PERMUTE: 1, Op.EXPAND: 1,
     Op.CAT: None, Op.SELECT: None, Op.UPDATE: None, Op.GATHER: 2, Op.SCATTER: 3, Op.DIM: 1,
-    Op.IF: None, Op.LOOP: None, Op.CALL: None,
+    Op.IF: None, Op.LOOP: None, Op.CALL: None, Op.FUSED: None,
 }
 
 _UNARY_FN: dict[Op, Callable] = {
@@ -187,6 +189,15 @@ def _conv2d(x, w, b=None, *, stride, padding, dilation, groups):
     return F.conv2d(x, w, b, stride, padding, dilation, groups)
 
 
+def _fused(*xs, steps):
+    """Each step (op name, operand refs: an index into xs and then into the earlier steps'
+    results, attrs as items, result type) in turn; the last one's result."""
+    values = list(xs)
+    for kind, refs, attrs, _ in steps:
+        values.append(SEMANTICS[Op[kind]](*(values[r] for r in refs), **dict(attrs)))
+    return values[-1]
+
+
 SEMANTICS: dict[Op, Callable[..., torch.Tensor]] = {
     **{op: (lambda fn: lambda x: fn(x))(fn) for op, fn in _UNARY_FN.items()},
     **{op: (lambda fn: lambda a, b: fn(a, b))(fn) for op, fn in _BINARY_FN.items()},
@@ -217,6 +228,7 @@ SEMANTICS: dict[Op, Callable[..., torch.Tensor]] = {
     Op.GATHER: _gather,
     Op.SCATTER: _scatter,
     Op.DIM: lambda x, *, dim: torch.tensor(x.shape[dim], dtype=torch.int64, device=x.device),
+    Op.FUSED: _fused,
 }
 
 CONTROL_DOCS = {

@@ -25,7 +25,7 @@ from cocktailer.schedule.memory import MemoryPlan
 from cocktailer.schedule.wavefront import co_scheduled, op_work
 from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, Sync, UOperator, UProgram, UTaskRef
 
-MAP_OPS = UNARY | BINARY | {Op.WHERE, Op.FULL}
+MAP_OPS = UNARY | BINARY | {Op.WHERE, Op.FULL, Op.FUSED}
 
 
 def map_partition(op: Operation) -> tuple[int, int] | None:

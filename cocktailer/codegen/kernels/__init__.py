@@ -66,6 +66,7 @@ KERNELS: dict[Op, Renderer] = {
     Op.RESHAPE: movement.render_reshape, Op.PERMUTE: movement.render_permute, Op.EXPAND: movement.render_expand,
     Op.CAT: movement.render_cat, Op.SELECT: movement.render_select, Op.UPDATE: movement.render_update,
     Op.GATHER: movement.render_gather, Op.SCATTER: movement.render_scatter, Op.DIM: elementwise.render_dim,
+    Op.FUSED: elementwise.render_fused,
 }
 
 _INTEGER_INDEX = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)

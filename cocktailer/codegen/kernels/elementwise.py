@@ -15,6 +15,7 @@ from cocktailer.codegen.kernels.common import (block, c_shape, convert, grain, i
                                                split)
 from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.ir import Op, Operation
+from cocktailer.ir.ops import UNARY
 
 # -- sources ---------------------------------------------------------------------------
 
@@ -203,3 +204,32 @@ def render_where(op: Operation, ctx: KernelContext) -> str:
     dt = out.type.dtype
     return map_kernel(ctx, out, [cond, a, b], lambda xs: f"(({xs[0]}) ? {convert(xs[1], a.type.dtype, dt)} : "
                                                         f"{convert(xs[2], b.type.dtype, dt)})")
+
+
+# -- fused ---------------------------------------------------------------------------------
+
+
+def step_expr(kind: Op, xs: list[str], types: list, out) -> str:
+    """C expression of one elementwise op on element expressions `xs` of operand `types`,
+    of the C type of `out` (a TensorType): what render_unary/binary/where compute per element."""
+    dst = out.dtype
+    if kind in UNARY:
+        return unary_expr(kind, xs[0], types[0].dtype, dst)
+    if kind is Op.WHERE:
+        return f"(({xs[0]}) ? {convert(xs[1], types[1].dtype, dst)} : {convert(xs[2], types[2].dtype, dst)})"
+    cdt = torch.result_type(types[0].meta(), types[1].meta())
+    return binary_expr(kind, xs[0], xs[1], types[0].dtype, types[1].dtype, cdt, dst)
+
+
+def render_fused(op: Operation, ctx: KernelContext) -> str:
+    """A chain of elementwise ops (`passes.fuse`) as one loop: each element's value computed
+    through every step in registers, no intermediate tensor written or read."""
+    steps = op.attrs["steps"]
+    types = [v.type for v in op.operands] + [out for *_, out in steps]
+
+    def element(loads: list[str]) -> str:
+        exprs = list(loads)
+        for kind, refs, _, out in steps:
+            exprs.append(step_expr(Op[kind], [exprs[r] for r in refs], [types[r] for r in refs], out))
+        return exprs[-1]
+    return map_kernel(ctx, op.results[0], op.operands, element)
