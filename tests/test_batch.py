@@ -322,6 +322,11 @@ def test_position_wise_ops_compute_on_each_instances_own_tokens_only():
         with torch.no_grad():
             batched([(randn(2, 8, seed=k),) for k in range(3)])
     assert e.value.positions == [0, 1, 2]
+    # a one-token sentence is captured for itself: its index is out of range at capture, named too
+    with pytest.raises(cocktailer.BatchInputError, match="instance 1: IndexError") as e:
+        with torch.no_grad():
+            batched([(randn(n, 8, seed=n),) for n in (4, 1, 6)])
+    assert e.value.positions == [1]
 
 
 class LastAndMean(nn.Module):

@@ -124,6 +124,18 @@ def test_raise_on_python_condition_is_the_users_error():
         cocktailer.capture(check, (torch.ones(2), True))
 
 
+def test_an_index_past_a_size_the_capture_knows_is_the_users_index_error():
+    """x[2] of a 1-row x (a size of 1 is always compiled for itself) fails as eager does, with
+    torch's IndexError, not as a bug in cocktailer."""
+    def second(x):
+        return x[2] * 2
+    fast = cocktailer.compile(second, (torch.ones(5, 3),))
+    with pytest.raises(IndexError, match="index 2 is out of bounds for dimension 0 with size 1"):
+        second(torch.ones(1, 3))
+    with pytest.raises(IndexError, match="index 2 is out of bounds for dimension 0 with size 1"):
+        fast(torch.ones(1, 3))
+
+
 def test_list_append_with_python_trip_count_is_unrolled():
     def f(x):
         outs = []

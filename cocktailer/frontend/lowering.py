@@ -130,7 +130,11 @@ class Lowering:
         return y if b is None else self.elementwise(Op.ADD, y, b)
 
     def select(self, x, key: list, dynamic: list):
-        meta = SEMANTICS[Op.SELECT](self.meta(x), *(_META_INDEX for _ in dynamic), key=tuple(key))
+        try:
+            meta = SEMANTICS[Op.SELECT](self.meta(x), *(_META_INDEX for _ in dynamic), key=tuple(key))
+        except IndexError as e:   # a constant index past a size known here: eager raises it on these inputs too
+            e.cocktailer_user_raise = True
+            raise
         return self.view(x, Op.SELECT, meta, dynamic, key=tuple(key))
 
     def copy(self, x) -> Proxy:
