@@ -61,6 +61,7 @@ def _fused_run(run: list[Operation], uses: dict[int, int]) -> list[Operation]:
     if len(run) < 2:
         return list(run)
     made = {r.id: op for op in run for r in op.results}
+    order = {id(op): k for k, op in enumerate(run)}
     group: dict[int, list[Operation]] = {id(op): [op] for op in run}   # id(root) -> its chain, in order
     root_of: dict[int, Operation] = {id(op): op for op in run}
     for op in run:
@@ -71,7 +72,7 @@ def _fused_run(run: list[Operation], uses: dict[int, int]) -> list[Operation]:
                     or producer.results[0].type.shape != shape):
                 continue
             chain = group.pop(id(producer))
-            group[id(op)] = sorted(chain + group[id(op)], key=run.index)
+            group[id(op)] = sorted(chain + group[id(op)], key=lambda o: order[id(o)])
             for member in chain:
                 root_of[id(member)] = op
     out = []

@@ -66,7 +66,7 @@ class RaggedGenerator:
         r = self.rng
         body = [Stmt(f"h0 = self.lin0(s)")]
         self.tokens.append("h0")
-        body += [st for _ in range(r.randint(3, 9)) for st in self.statement(depth=0)]
+        body += [st for _ in range(r.randint(3, 9)) for st in self.statement()]
         ret = [r.choice(self.tokens[1:])] + ([r.choice(self.vectors)] if self.vectors else [])
         body.append(Stmt(f"return {', '.join(ret)}"))
         lengths = [r.randint(2, 12)] * sets if r.random() < 0.2 else [r.randint(2, 12) for _ in range(sets)]
@@ -78,11 +78,11 @@ class RaggedGenerator:
         kind.append(name)
         return name
 
-    def statement(self, depth: int) -> list[Stmt]:
+    def statement(self) -> list[Stmt]:
         r = self.rng
-        if self.vectors and depth == 0 and r.random() < 0.3:
+        if self.vectors and r.random() < 0.3:
             return self.branch(r.choice(self.vectors))
-        if depth == 0 and r.random() < 0.1:
+        if r.random() < 0.1:
             return self.loop(r.choice(self.tokens))
         h, other, lin = r.choice(self.tokens), r.choice(self.tokens), f"self.lin{r.randrange(LINEARS)}"
         tokens = [   # expressions of shape (tokens, D)
