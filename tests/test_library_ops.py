@@ -179,3 +179,18 @@ def test_topk_and_sort_with_infinities_and_extreme_integers():
         for values, positions, source in ((v, vi, x), (w, wi, i)):
             assert torch.equal(source.gather(1, positions), values)
             assert all(len(set(row.tolist())) == len(row) for row in positions)   # no position twice
+
+
+def test_var_and_std_as_torch_computes_them():
+    """Over all dims, some dims, with keepdim, unbiased or not, a correction, a normalization
+    written with them, and a dim of one row (a count at the correction: nan, as torch)."""
+    def f(x):
+        normed = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + 1e-5)
+        return (x.var(), x.std(1), torch.var(x, 0, keepdim=True), torch.std(x, dim=(0, 1), correction=0),
+                x.var(False), normed, x[:1].var(0), torch.var(x, dim=None, keepdim=True))
+    import warnings
+    with warnings.catch_warnings():   # torch warns of the one-row dim's degrees of freedom
+        warnings.simplefilter("ignore", UserWarning)
+        assert_matches_eager(f, [(randn(4, 7, seed=s, scale=3.0),) for s in range(2)])
+    with pytest.raises(cocktailer.UnsupportedError, match="floating"):
+        cocktailer.capture(lambda x: x.var(), (torch.arange(4),))

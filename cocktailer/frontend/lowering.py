@@ -737,9 +737,31 @@ def _norm(L, x, p="fro", dim=None, keepdim=False, dtype=None):
     return L.elementwise(Op.SQRT, _reduction(Op.SUM)(L, squares, dim, keepdim))
 
 
-@register("var", "std")
-def _var(L, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
-    raise UnsupportedError("var/std", hint="write it with mean: ((x - x.mean(d, keepdim=True)) ** 2).mean(d)")
+def _variance(root: bool):
+    """torch.var / std: the mean of the dims, the sum of the squared differences from it, over
+    the count less `correction` (1 unless `unbiased=False`; a count at or below it gives inf or
+    nan, as torch); std its square root. The count is a number: sizes are specialized here."""
+    def h(L, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+        if isinstance(dim, bool):   # x.var(False): unbiased, not a dim
+            dim, unbiased = None, dim
+        if not x.dtype.is_floating_point:
+            raise UnsupportedError(f"{'std' if root else 'var'} of a {x.dtype} tensor",
+                                   hint="torch computes it for floating types only")
+        if correction is None:
+            correction = 0 if unbiased is False else 1
+        dims = _dims(dim, x.dim()) if dim is not None else tuple(range(x.dim())) or None
+        count = math.prod(x.shape[d] for d in dims) if dims is not None else 1
+        mean = L.out(Op.MEAN, [x], dims=dims, keepdim=dims is not None)
+        deviation = L.elementwise(Op.SUB, x, mean)
+        squares = L.out(Op.SUM, [L.elementwise(Op.MUL, deviation, deviation)], dims=dims,
+                        keepdim=keepdim if dims is not None else False)
+        var = L.elementwise(Op.DIV, squares, L.t.fresh(L.t.scalar(float(max(count - correction, 0)), x.dtype)))
+        return L.elementwise(Op.SQRT, var) if root else var
+    return h
+
+
+register("var")(_variance(root=False))
+register("std")(_variance(root=True))
 
 
 def _softmax(op: Op):

@@ -1,11 +1,11 @@
 """A seeded generator of programs over one sentence whose length differs between input sets.
 
 `generate_ragged(seed)` gives a module whose forward reads `s` (tokens, 6): position-wise
-Linears, activations, layer norms and softmaxes over the features, sums of token-wise values,
-attention over the tokens (one head or two), a token read by a constant index, a decision on it
-that sends some instances through more layers, a loop over the tokens, a token written in place,
-a vector broadcast to every token, and sums over the tokens (which keep instances of one length
-together). Its input sets have 2 to 12 tokens (one seed in five: the same length for all), so
+Linears, activations, layer norms (F.layer_norm, or by hand with `var`), softmaxes over the
+features, sums of token-wise values, attention over the tokens (one head or two), a token
+read by a constant index, a decision on it that sends some instances through more layers, a
+loop over the tokens, a token written in place, a vector broadcast to every token, and sums
+over the tokens (which keep instances of one length together). Its input sets have 2 to 12 tokens (one seed in five: the same length for all), so
 that `cocktailer.batch` runs them in one group with their rows padded, and packed where ops are
 position-wise (`cocktailer.batching.blocks.row_wise`), with the padding masked where a softmax or
 a product reads it. `check_batch` compares every instance with eager on it alone.
@@ -90,7 +90,7 @@ class RaggedGenerator:
             f"{r.choice(['F.gelu', 'torch.tanh', 'torch.relu', 'torch.sigmoid'])}({h})",
             f"{h} {r.choice(['+', '*', '-'])} {other}",
             f"F.layer_norm({h}, ({D},))",
-            f"({h} - {h}.mean(-1, keepdim=True)) * torch.rsqrt((({h} - {h}.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + 1)",
+            f"({h} - {h}.mean(-1, keepdim=True)) * torch.rsqrt({h}.var(-1, keepdim=True, unbiased=False) + 1)",
             f"torch.softmax({h}, -1)",
             f"torch.softmax({h} @ {other}.transpose(0, 1) / 3, -1) @ {r.choice(self.tokens)}",
             self.heads(h),
