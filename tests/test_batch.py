@@ -329,6 +329,37 @@ def test_position_wise_ops_compute_on_each_instances_own_tokens_only():
     assert e.value.positions == [1]
 
 
+class ProjectedRAE(nn.Module):
+    """Every node's vector projected first (position-wise over the node table, so packed), then
+    a recursion over the tree reads the projected table."""
+
+    def __init__(self, h: int = 8):
+        super().__init__()
+        self.proj, self.enc = nn.Linear(h, h), nn.Linear(2 * h, h)
+
+    def forward(self, left, right, is_leaf, inp, root):
+        return self.encode(left, right, is_leaf, torch.tanh(self.proj(inp)) * 2, root)
+
+    def encode(self, left, right, is_leaf, table, root):
+        if is_leaf[root]:
+            return table[root]
+        a = self.encode(left, right, is_leaf, table, left[root])
+        b = self.encode(left, right, is_leaf, table, right[root])
+        return torch.tanh(self.enc(torch.cat([a, b], -1)))
+
+
+@native
+def test_a_packed_table_feeds_a_recursion_run_by_levels():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(30, 8, generator=g)
+    instances = [tree_inputs(t, [int(i) for i in torch.randint(30, (t.num_leaves,), generator=g)], table, t.num_nodes)
+                 for t in (random_tree(n, n) for n in (3, 9, 1, 14, 5, 21))]   # each tree its own node count
+    batched = assert_batch_matches(ProjectedRAE().eval(), instances)
+    assert 0 < batched.schedule.packed_rows < batched.schedule.padded_rows
+    assert batched.schedule.levels, "the recursion ran level by level"
+
+
 class LastAndMean(nn.Module):
     """Reads each sequence's own last element (a negative index into a padded dim) and
     averages over the sequence (a sum over it: padding must not join it)."""
