@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from cocktailer.batching.lanes import Lanes, Packed, RowLayout, packed_rows, rows
-from cocktailer.batching.ragged import masked, needs_lane_sizes
+from cocktailer.batching.ragged import masked_operands, needs_lane_sizes, padding_fill
 from cocktailer.codegen import kernels
 from cocktailer.ir import CONTROL, CREATION, ELEMENTWISE, Function, Op, Operation, Program, Region, Sym, TensorType, Value
 from cocktailer.ir.analysis import sizes_of
@@ -110,19 +110,6 @@ def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragg
             out.append(op)
     close()
     return out
-
-
-def masked_operands(op: Operation, ragged) -> list[tuple[int, int, Sym]]:
-    """(operand, dim of one lane's value, size) of each operand dim along which `op` reads
-    padding: a softmax's dim, a product's contracted dims (`ragged.masked`)."""
-    if not masked(op) & set(ragged):
-        return []
-    shapes = [v.type.shape for v in op.operands]
-    if op.op is Op.MATMUL:
-        dims = [(0, len(shapes[0]) - 1), (1, len(shapes[1]) - 2 if len(shapes[1]) >= 2 else 0)]
-    else:
-        dims = [(0, op.attrs["dim"] % len(shapes[0]))]
-    return [(k, d, shapes[k][d]) for k, d in dims if shapes[k][d] in ragged]
 
 
 def _maskable(op: Operation, varying: set[int], ragged) -> bool:
@@ -308,8 +295,7 @@ def batched_program(block: Block, program: Program) -> Program:
     for op in block.ops:
         operands = [rename[v.id] for v in op.operands]
         for k, d, sym in masked_operands(op, [key[0] for key in block.masks]):
-            operands[k] = _masked(operands[k], masks[(sym, op.operands[k].type.rank, d)],
-                                  float("-inf") if op.op is not Op.MATMUL else 0.0, ops)
+            operands[k] = _masked(operands[k], masks[(sym, op.operands[k].type.rank, d)], padding_fill(op), ops)
         flags = [v.type.rank != o.type.rank for v, o in zip(operands, op.operands)]
         attrs = _rule(op, flags) if any(flags) else dict(op.attrs)
         results = [Value(_over_lanes(r.type) if any(flags) else r.type, r.hint) for r in op.results]

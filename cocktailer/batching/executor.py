@@ -32,7 +32,7 @@ from cocktailer.batching.levels import LevelProgram, level_inputs, level_program
 from cocktailer.batching.loops import LoopProgram, loop_program, run_loop_program
 from cocktailer.batching.lanes import (ARMS, CALLS, CHECKED, HIDDEN, RULES, SHARED_BY_LANES, SIZES, Lanes, RowLayout,
                                       Packed, apply, matmul_per_lane, merged, rows, take)
-from cocktailer.batching.ragged import constant_indices, masked, ragged_syms
+from cocktailer.batching.ragged import constant_indices, masked_operands, padding_fill, ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.batching.rounds import RoundProgram, round_program, run_rounds
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
@@ -130,7 +130,7 @@ class BatchedExecutor:
         self.ragged = sorted(ragged_syms(program), key=lambda sym: sym.name)
         self._ragged_reads = {sym: (position, dim) for sym, position, dim in reversed(program.sizes)}
         self._checked: dict[int, tuple] = {}   # id(op) -> its per-lane and constant indices into ragged dims
-        self._masks: dict[int, bool] = {}      # id(op) -> whether it reads padding, which is then masked
+        self._masks: dict[int, list] = {}      # id(op) -> the padding it would read, which is masked (masked_operands)
         self._padded = False   # whether this call's instances differ in a ragged size
         self._segments: dict = {}   # id(region) -> its ops, runs of them as native blocks; (id(region), id(slice))
         #                             -> the same for the ops of a control slice
@@ -241,10 +241,7 @@ class BatchedExecutor:
             lengths = tuple(t.shape[0] for t in column)
             index = indices.get(lengths)
             if index is None:
-                n = torch.tensor(lengths)
-                starts = torch.cumsum(n, 0) - n
-                index = indices[lengths] = (starts[:, None] + torch.minimum(torch.arange(max(lengths))[None, :],
-                                                                            n[:, None] - 1)).flatten()
+                index = indices[lengths] = RowLayout(torch.tensor(lengths), max(lengths)).pad_index
             rows = torch.cat(column, out=self.workspace.take(("rows", k), (sum(lengths), *first.shape[1:]), first.dtype,
                                                      first.device))
             out = self.workspace.take(("input", k), (index.numel(), *first.shape[1:]), first.dtype,
@@ -412,20 +409,13 @@ class BatchedExecutor:
         """The operands of a product that sums over a ragged dim with their padding zeroed, or
         of a softmax along one with its padding at -inf: each lane's result is its own alone."""
         if id(op) not in self._masks:
-            self._masks[id(op)] = bool(masked(op) & set(self.ragged))
+            self._masks[id(op)] = masked_operands(op, self.ragged)
         if not self._masks[id(op)]:
             return operands
         operands = list(operands)
-        if op.op is Op.MATMUL:
-            a, b = (v.type.shape for v in op.operands)
-            dims, fill = [len(a) - 1, len(b) - 2 if len(b) >= 2 else 0], 0
-        else:
-            dims, fill = [op.attrs["dim"] % op.operands[0].type.rank], float("-inf")
-        for k, dim in enumerate(dims):
-            size = op.operands[k].type.shape[dim]
-            if size in self.ragged:
-                operands[k] = _fill_padding(rows(operands[k], count), dim, env[SIZES].rows()[:, self.ragged.index(size)],
-                                            fill)
+        for k, dim, size in self._masks[id(op)]:
+            operands[k] = _fill_padding(rows(operands[k], count), dim, env[SIZES].rows()[:, self.ragged.index(size)],
+                                        padding_fill(op))
         return operands
 
     def _restricted(self, owner, env: dict, lanes: torch.Tensor | None) -> dict:
@@ -734,10 +724,7 @@ def _run_level_program(level: LevelProgram, inputs: list, tables: list, start: i
 
 def _fill_padding(x: torch.Tensor, dim: int, sizes: torch.Tensor, fill) -> Lanes:
     """x (one row per lane) with `fill` past each lane's own size along its dim `dim`."""
-    shape = [len(sizes)] + [1] * (x.dim() - 1)
-    shape[dim + 1] = x.shape[dim + 1]
-    outside = torch.arange(x.shape[dim + 1], device=x.device)[None, :] >= sizes[:, None]
-    return Lanes(x.masked_fill(outside.view(shape), fill))
+    return Lanes(x.masked_fill(~lane_mask(sizes.to(x.device), x.shape[dim + 1], x.dim() - 1, dim), fill))
 
 
 def _where(op: Operation) -> str:

@@ -45,6 +45,24 @@ def masked(op: Operation) -> set[Sym]:
     return set()
 
 
+def masked_operands(op: Operation, ragged) -> list[tuple[int, int, Sym]]:
+    """(operand, dim of one lane's value, size) of each operand dim along which `op` reads
+    padding: a softmax's dim, a product's contracted dims (`masked`)."""
+    if not masked(op) & set(ragged):
+        return []
+    shapes = [v.type.shape for v in op.operands]
+    if op.op is Op.MATMUL:
+        dims = [(0, len(shapes[0]) - 1), (1, len(shapes[1]) - 2 if len(shapes[1]) >= 2 else 0)]
+    else:
+        dims = [(0, op.attrs["dim"] % len(shapes[0]))]
+    return [(k, d, shapes[k][d]) for k, d in dims if shapes[k][d] in ragged]
+
+
+def padding_fill(op: Operation) -> float:
+    """What `masked_operands`' padding is set to first: 0 into a product, -inf into a softmax."""
+    return 0.0 if op.op is Op.MATMUL else float("-inf")
+
+
 def needs_lane_sizes(op: Operation, ragged) -> bool:
     """Whether `op` needs each lane's own sizes of the ragged dims it reads (a mask, or a check
     of a constant index), which the batched executor applies and native code does not."""
