@@ -152,6 +152,21 @@ def test_early_exit_at_different_layers():
     assert batched.schedule.branches > 0
 
 
+def test_a_branch_result_read_on_one_arms_lanes_is_taken_from_that_arm_alone():
+    from cocktailer.batching.lanes import Lanes, Split, take
+    stayed, left = torch.tensor([0, 2, 3]), torch.tensor([1, 4])
+    state = Lanes(torch.arange(3 * 4.0).view(3, 4))
+    placeholder = torch.zeros(4)   # what the arm of the lanes that left yields: shared, never read
+    result = Split([(stayed, state), (left, placeholder)], 5, torch.float32)
+    part = take(result, torch.tensor([2, 3]))   # lanes 2 and 3: rows 1 and 2 of the first arm
+    assert result._base is None, "taking one arm's lanes must not put every lane's rows together"
+    torch.testing.assert_close(part.rows(), state.base[1:])
+    assert take(result, left) is placeholder
+    mixed = take(result, torch.tensor([4, 0]))   # across both arms: from every lane's rows
+    torch.testing.assert_close(mixed.rows(), torch.stack([placeholder, state.base[0]]))
+    assert result.rank == 1 and result.count == 5
+
+
 def test_divergent_branches_run_each_arm_on_its_group():
     instances = [(randn(5, seed=k) + (k % 3 - 1),) for k in range(9)]
     batched = assert_batch_matches(Branchy(), instances)

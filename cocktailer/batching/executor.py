@@ -30,8 +30,8 @@ from cocktailer.batching.blocks import Block, batched_program, lane_mask, lane_v
 from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect, slice_branches
 from cocktailer.batching.levels import LevelProgram, level_inputs, level_program, run_level_loop
 from cocktailer.batching.loops import LoopProgram, loop_program, run_loop_program
-from cocktailer.batching.lanes import (ARMS, CALLS, CHECKED, HIDDEN, RULES, SHARED_BY_LANES, SIZES, Lanes, RowLayout,
-                                      Packed, apply, matmul_per_lane, merged, rows, take)
+from cocktailer.batching.lanes import (ARMS, CALLS, CHECKED, HIDDEN, RULES, SHARED_BY_LANES, SIZES, Lanes, Packed,
+                                      RowLayout, Split, apply, matmul_per_lane, merged, rows, take)
 from cocktailer.batching.ragged import constant_indices, masked_operands, padding_fill, ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.batching.rounds import RoundProgram, round_program, run_rounds
@@ -460,11 +460,7 @@ class BatchedExecutor:
         first = values[0][1]
         if all(isinstance(v, Packed) and v.layout.width == first.layout.width for _, v in values):
             return merged(values, count)   # (real rows only, as the arms computed them)
-        shape = first.base.shape[1:] if isinstance(first, Lanes) else first.shape
-        out = torch.empty((count, *shape), dtype=dtype, device=(first.base if isinstance(first, Lanes) else first).device)
-        for lanes, v in values:
-            out[lanes] = rows(v, len(lanes))
-        return Lanes(out)
+        return Split(values, count, dtype)   # (put together only if some reader needs every lane)
 
     def _run_call(self, op: Operation, env: dict, count: int) -> list:
         handler = env.get(CALLS)
@@ -787,4 +783,5 @@ def _ragged_indices(op: Operation, ragged: list) -> list[tuple[int, int, int]]:
 
 def _take_copied(value, lanes: torch.Tensor):
     """`take` without gather fusion: the lanes' rows copied out (the ablation's baseline)."""
-    return Lanes(value.take(lanes).rows()) if isinstance(value, Lanes) else value
+    taken = take(value, lanes)   # (a branch's result may give one arm's value, shared by its lanes)
+    return Lanes(taken.rows()) if isinstance(taken, Lanes) else taken

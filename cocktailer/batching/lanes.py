@@ -161,6 +161,74 @@ class Packed(Lanes):
         return f"Packed({tuple(self.packed.shape)}, lanes={self.count})"
 
 
+class Split(Lanes):
+    """A branch's result whose arms ran on disjoint lanes, kept as the arms' values until a
+    reader needs every lane's row (`base`: then they are written into one tensor, once).
+
+    Code after a branch often reads its results only on the lanes of one arm: an early exit
+    unrolled from a loop is a chain of branches, each running the next layer on the lanes that
+    have not left and passing the hidden state on, with a placeholder for the lanes that left.
+    Taking those lanes from the arm's own value costs one gather of their rows; putting every
+    arm's rows into one tensor first and taking them out again cost three copies of the whole
+    state per layer (Berxit: padding, scattering, packing)."""
+    __slots__ = ("parts", "lanes_count", "dtype", "_rank", "_base")
+
+    def __init__(self, parts: list[tuple[torch.Tensor, object]], count: int, dtype: torch.dtype):
+        self.parts, self.lanes_count, self.dtype, self._base = parts, count, dtype, None
+        value = parts[0][1]
+        self._rank = value.rank if isinstance(value, Lanes) else value.dim()
+
+    @property
+    def base(self) -> torch.Tensor:
+        if self._base is None:
+            first = self.parts[0][1]
+            shape = first.base.shape[1:] if isinstance(first, Lanes) else first.shape
+            device = (first.base if isinstance(first, Lanes) else first).device
+            self._base = torch.empty((self.lanes_count, *shape), dtype=self.dtype, device=device)
+            for lanes, v in self.parts:
+                self._base[lanes] = rows(v, len(lanes))
+        return self._base
+
+    @property
+    def index(self):
+        return None
+
+    @property
+    def count(self) -> int:
+        return self.lanes_count
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    def rows(self) -> torch.Tensor:
+        return self.base
+
+    def take(self, lanes: torch.Tensor):
+        """The lanes `lanes`: from the arm that holds all of them where one does (no copy of
+        the other arms' rows), else from every lane's rows."""
+        if self._base is None:
+            for part_lanes, value in self.parts:
+                at = _positions_in(part_lanes, lanes, self.lanes_count)
+                if at is not None:
+                    return take(value, at)
+        return Lanes(self.base, lanes)
+
+    def __repr__(self) -> str:
+        return f"Split({[len(lanes) for lanes, _ in self.parts]} lanes)"
+
+
+def _positions_in(part: torch.Tensor, lanes: torch.Tensor, count: int) -> torch.Tensor | None:
+    """Where each of `lanes` lies in `part` (both indices into `count` lanes), or None if some
+    of them are not in it."""
+    if len(lanes) > len(part):
+        return None
+    where = torch.full((count,), -1, dtype=torch.int64, device=part.device)
+    where[part] = torch.arange(len(part), device=part.device)
+    at = where.index_select(0, lanes)
+    return at if bool((at >= 0).all()) else None
+
+
 def merged(parts: list[tuple[torch.Tensor, "Packed"]], count: int) -> Packed:
     """One packed value of `count` lanes from parts (the lanes each holds, their packed value)."""
     first = parts[0][1]
