@@ -432,6 +432,17 @@ def test_elementwise_chains_run_as_one_loop_each():
         return e + 1, e * 2
     program = fuse_elementwise(cocktailer.capture(shared, (torch.randn(3),)).clone(), _fusable)
     assert sum(op.op is Op.EXP for op in program.walk()) == 1
+    # a constant made between two ops of a chain (the -inf of a masked softmax, in the batched
+    # executor's blocks) does not split it
+    def masked_scores(s, keep):
+        return torch.softmax(torch.where(keep, s / 8, float("-inf")), -1)
+    program = cocktailer.capture(masked_scores, (torch.randn(3, 5), torch.rand(5) > 0.5)).clone()
+    body = program.functions["main"].body
+    minus_inf, = [op for op in body.ops if op.op is Op.SCALAR and op.attrs["value"] == float("-inf")]
+    body.ops.remove(minus_inf)
+    body.ops.insert([op.op for op in body.ops].index(Op.WHERE), minus_inf)   # after the DIV
+    fused, = [op for op in fuse_elementwise(program, _fusable).walk() if op.op is Op.FUSED]
+    assert [step[0] for step in fused.attrs["steps"]] == ["DIV", "WHERE"]
 
 
 def test_an_integer_division_keeps_its_zero_check_when_fused_around():

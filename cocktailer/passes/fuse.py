@@ -7,9 +7,11 @@ An op joins the op that reads its result when that is the result's only use, has
 shape (each element of the chain is computed once), and both sit in one run of elementwise
 ops with nothing else between them: IR ops are pure, but code made of a loop's body may write
 a buffer in place (a SCATTER the level loop points at its input), so no computation moves
-past another kind of op. Ops whose kernel checks something first (an integer division's zero
-divisor) stay alone: the backend says which (`has_kernel`). The native stages run this on the
-program they compile, not on the IR the reference executor and explain read."""
+past another kind of op. A constant reads nothing and is no obstacle (the -inf of a masked
+softmax's WHERE sits between the scaling and the mask). Ops whose kernel checks something first
+(an integer division's zero divisor) stay alone: the backend says which (`has_kernel`). The
+native stages run this on the program they compile, not on the IR the reference executor and
+explain read."""
 from __future__ import annotations
 
 from typing import Callable
@@ -48,6 +50,9 @@ def _fused_region(region: Region, uses: dict[int, int], fusable: Callable) -> li
     for op in region.ops:
         if fusable(op):
             run.append(op)
+            continue
+        if not op.operands and not op.regions:   # a constant reads nothing: the run goes on past it
+            out.append(op)
             continue
         out += _fused_run(run, uses)
         run = []
