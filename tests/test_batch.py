@@ -383,6 +383,22 @@ class LastAndMean(nn.Module):
         return xs[-1] * 2, xs.mean(0)
 
 
+@native
+def test_per_node_tables_of_different_node_counts_are_read_where_they_were_given():
+    """MV-RNN's inputs hold a matrix per node: level programs read each instance's rows from
+    all of them one after another, never from a copy padded to the largest tree."""
+    from cocktailer.models.throughput import mvrnn_instances
+    model, instances = mvrnn_instances(8, "small", seed=3)
+    instances = [a for a in instances if a[4].shape[0] > 1]   # (a lone leaf is compiled apart)
+    assert len({a[4].shape[0] for a in instances}) > 2
+    batched = assert_batch_matches(model, instances)
+    executor, = batched._executors.values()
+    vec, mat = 3, 4   # the per-node vectors and matrices
+    assert {("rows", vec), ("rows", mat)} <= set(executor.workspace.buffers)
+    assert not {("input", vec), ("input", mat)} & set(executor.workspace.buffers), "a per-node table was padded"
+    assert batched.schedule.levels
+
+
 def test_negative_indices_and_reductions_over_differing_lengths():
     instances = [(randn(n, 3, seed=k),) for k, n in enumerate([4, 9, 2, 9, 5])]
     batched = assert_batch_matches(LastAndMean(), instances)

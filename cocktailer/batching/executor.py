@@ -19,6 +19,7 @@ against eager PyTorch per instance (tests/test_batch.py).
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect
 from cocktailer.batching.levels import LevelProgram, level_inputs, level_program, run_level_loop
 from cocktailer.batching.loops import LoopProgram, loop_program, run_loop_program
 from cocktailer.batching.lanes import (ARMS, CALLS, CHECKED, HIDDEN, RULES, SHARED_BY_LANES, SIZES, Lanes, Packed,
-                                      RowLayout, Split, apply, matmul_per_lane, merged, rows, take)
+                                      RowLayout, Split, Table, apply, matmul_per_lane, merged, rows, take)
 from cocktailer.batching.ragged import constant_indices, masked_operands, padding_fill, ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.batching.rounds import RoundProgram, round_program, run_rounds
@@ -210,8 +211,8 @@ class BatchedExecutor:
         self._padded_sizes = {**self.sizes, **{sym: int(n) for sym, n in
                                                 zip(self.ragged, lane_sizes.amax(0).tolist() if count else [])}}
         self._padded = bool((lane_sizes != lane_sizes[:1]).any())   # (else torch's own index checks suffice)
-        indices: dict = {}
-        args = [Lanes(self._stacked(k, column, indices)) for k, column in enumerate(zip(*instances))]
+        layouts: dict = {}
+        args = [self._stacked(k, column, layouts) for k, column in enumerate(zip(*instances))]
         hidden = {SIZES: Lanes(lane_sizes)} if self.ragged else {}
         with _recursion_limit(RECURSION_LIMIT):   # depth-first recursion costs Python frames per level
             try:
@@ -225,31 +226,30 @@ class BatchedExecutor:
                       for out, ty in zip(self._memory_of_their_own(outs), types)]
         return [list(results) for results in zip(*per_output)] if per_output else [[] for _ in range(count)]
 
-    def _stacked(self, k: int, column: tuple, indices: dict) -> torch.Tensor:
-        """Input k of every instance as one tensor, each padded to the largest along the dims
-        where they differ by repeating its last element (so that padding holds values the
-        instance has: no division by a zero nobody wrote; nothing reads padding, indices are
-        checked), in the workspace. `indices`: the gathers' indices per list of lengths (the
-        tables of a tree share theirs)."""
+    def _stacked(self, k: int, column: tuple, layouts: dict) -> Lanes:
+        """Input k of every instance as one value, in the workspace. Where only the first dim
+        differs (node counts, lengths), every instance's rows one after another (`Packed`):
+        position-wise blocks and level programs read them so; a reader of the padded rows pads
+        them once. Else each is padded to the largest along the dims where they differ by
+        repeating its last element (so that padding holds values the instance has: no division
+        by a zero nobody wrote; nothing reads padding, indices are checked). `layouts`: the row
+        layout per list of lengths (the tables of a tree share theirs)."""
         first = column[0]
         if all(t.shape == first.shape for t in column):
-            return torch.stack(column, out=self.workspace.take(("input", k), (len(column), *first.shape), first.dtype,
-                                                             first.device))
+            return Lanes(torch.stack(column, out=self.workspace.take(("input", k), (len(column), *first.shape),
+                                                                   first.dtype, first.device)))
         if first.dim() and all(t.shape[1:] == first.shape[1:] and t.shape[0] for t in column):
-            # only the first dim differs (node counts, lengths): every instance's rows, padded with
-            # its last, gathered out of all of them at once instead of one copy each
             lengths = tuple(t.shape[0] for t in column)
-            index = indices.get(lengths)
-            if index is None:
-                index = indices[lengths] = RowLayout(torch.tensor(lengths), max(lengths)).pad_index
-            rows = torch.cat(column, out=self.workspace.take(("rows", k), (sum(lengths), *first.shape[1:]), first.dtype,
-                                                     first.device))
-            out = self.workspace.take(("input", k), (index.numel(), *first.shape[1:]), first.dtype,
-                                      first.device)
-            torch.index_select(rows, 0, index.to(first.device), out=out)
-            return out.view(len(column), max(lengths), *first.shape[1:])
+            layout = layouts.get(lengths)
+            if layout is None:
+                layout = layouts[lengths] = RowLayout(torch.tensor(lengths), max(lengths))
+            packed = torch.cat(column, out=self.workspace.take(("rows", k), (layout.total, *first.shape[1:]),
+                                                               first.dtype, first.device))
+            padded = functools.partial(self.workspace.take, ("input", k), (layout.count * layout.width, *first.shape[1:]),
+                                       first.dtype, first.device)
+            return Packed(packed, layout, pad_into=padded)
         shape = [max(t.shape[d] for t in column) for d in range(first.dim())]
-        return torch.stack([_padded(t, shape) for t in column])
+        return Lanes(torch.stack([_padded(t, shape) for t in column]))
 
     def _memory_of_their_own(self, outs: list[torch.Tensor]) -> list[torch.Tensor]:
         """The batch's results (one row per instance), each in memory of its own, so that every
@@ -580,7 +580,7 @@ class BatchedExecutor:
             if not isinstance(rounds, RoundProgram):
                 self._build_slice_blocks(plan)
         # the outer call's arguments every call hands on, one row per instance (native programs' inputs)
-        stacked = ([rows(a, count).contiguous() if through else None for a, through in zip(args, plan.passthrough)]
+        stacked = ([Table(a, count) if through else None for a, through in zip(args, plan.passthrough)]
                    if isinstance(rounds, RoundProgram) or self.techniques.level_programs else None)
         sizes = hidden[SIZES].rows() if SIZES in hidden else None
         start = time.perf_counter()

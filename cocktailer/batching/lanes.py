@@ -115,10 +115,12 @@ class Packed(Lanes):
     """A value whose first dim is ragged, held as its real rows only (`RowLayout`): native blocks
     of position-wise ops (a Linear, a LayerNorm over each token) compute on these, so that no
     work is spent on padding. Read as a `Lanes` (`rows()`, `base`), it is padded, once."""
-    __slots__ = ("packed", "layout", "_padded")
+    __slots__ = ("packed", "layout", "_padded", "_pad_into")
 
-    def __init__(self, packed: torch.Tensor, layout: RowLayout):
-        self.packed, self.layout, self._padded = packed, layout, None
+    def __init__(self, packed: torch.Tensor, layout: RowLayout, pad_into: Callable[[], torch.Tensor] | None = None):
+        """`pad_into`: gives memory for the padded rows, (count * width, ...), if they are
+        needed (else fresh memory)."""
+        self.packed, self.layout, self._padded, self._pad_into = packed, layout, None, pad_into
 
     @property
     def base(self) -> torch.Tensor:
@@ -129,7 +131,9 @@ class Packed(Lanes):
             elif layout.total == 0:
                 self._padded = self.packed.new_zeros((layout.count, layout.width, *rest))
             else:
-                self._padded = self.packed.index_select(0, layout.pad_index).view(layout.count, layout.width, *rest)
+                padded = torch.index_select(self.packed, 0, layout.pad_index, out=self._pad_into()) \
+                    if self._pad_into is not None else self.packed.index_select(0, layout.pad_index)
+                self._padded = padded.view(layout.count, layout.width, *rest)
         return self._padded
 
     @property
@@ -216,6 +220,41 @@ class Split(Lanes):
 
     def __repr__(self) -> str:
         return f"Split({[len(lanes) for lanes, _ in self.parts]} lanes)"
+
+
+class Table:
+    """A lane value as native programs read it by row (`x[i]` of each lane's own table): every
+    lane's rows one after another and where each lane's first row lies. A packed value gives its
+    real rows as they are: a tree's node matrices are not padded to the largest tree's node
+    count (MV-RNN's were copied twice per call, 174 MB of them into 365 MB padded). Any other
+    is padded to the widest lane, each lane's rows `width` apart. Made once per run and read by
+    every program of it."""
+
+    def __init__(self, value, count: int):
+        self.value, self.count, self._whole = value, count, None
+
+    def whole(self) -> torch.Tensor:
+        """Every lane's value, padded, contiguous."""
+        if self._whole is None:
+            self._whole = rows(self.value, self.count).contiguous()
+        return self._whole
+
+    @property
+    def width(self) -> int:
+        return self.value.layout.width if isinstance(self.value, Packed) else self.whole().shape[1]
+
+    def flat(self) -> torch.Tensor:
+        """Every lane's rows, one after another."""
+        if isinstance(self.value, Packed):
+            return self.value.packed.contiguous()
+        whole = self.whole()
+        return whole.view(-1, *whole.shape[2:])
+
+    def offsets(self) -> torch.Tensor:
+        """Each lane's first row in `flat()`."""
+        if isinstance(self.value, Packed):
+            return self.value.layout.offsets
+        return torch.arange(self.count, dtype=torch.int64) * self.width
 
 
 def _positions_in(part: torch.Tensor, lanes: torch.Tensor, count: int) -> torch.Tensor | None:

@@ -46,8 +46,8 @@ INSTANCES_SYM = Sym("instances", hint=5)
 @dataclass
 class LevelProgram:
     program: Program
-    inputs: list[tuple]   # what each parameter takes: ("table", j), ("rows", j), ("whole", j), ("root",), ("arg", j),
-    #                       ("kids", s), ("results", k) or ("sizes", column); see `level_inputs` (and loop
+    inputs: list[tuple]   # what each parameter takes: ("table", j), ("offsets", j), ("rows", j), ("whole", j),
+    #                       ("root",), ("arg", j), ("kids", s), ("results", k) or ("sizes", column); see `level_inputs` (and loop
     #                       programs' ("carried", k), ("source",), ("buffer", k), ("buffer_rows", k): `loops._inputs`)
     checks: bool          # whether the last output says an index was outside its instance's size
     outputs: list[tuple]  # what each output is, before the flag: ("yield", i), the region's yield i per lane;
@@ -68,17 +68,18 @@ def level_program(plan: LevelPlan, program: Program, path: int, branches: tuple[
 def level_inputs(level: LevelProgram, stacked: list, tree, start: int, end: int, tables: list,
                  per_lane_sizes) -> list:
     """The tensors for the parameters of `level`, for the calls start..end-1 of `tree`:
-    `stacked`, the outer call's arguments (contiguous, one row per instance, where every call
-    hands them on), `per_lane_sizes` the instances' sizes of ragged dims."""
+    `stacked`, the outer call's arguments (`lanes.Table`s, where every call hands them on),
+    `per_lane_sizes` the instances' sizes of ragged dims."""
     out = []
     for kind, *which in level.inputs:
         if kind == "table":
-            t = stacked[which[0]]
-            out.append(t.view(t.shape[0] * t.shape[1], *t.shape[2:]))
+            out.append(stacked[which[0]].flat())
+        elif kind == "offsets":
+            out.append(stacked[which[0]].offsets())
         elif kind == "whole":
-            out.append(stacked[which[0]])
+            out.append(stacked[which[0]].whole())
         elif kind == "rows":
-            out.append(torch.tensor(stacked[which[0]].shape[1]))
+            out.append(torch.tensor(stacked[which[0]].width))
         elif kind == "root":
             out.append(tree.root[start:end])
         elif kind == "arg":
@@ -373,8 +374,10 @@ class Straight:
 
     def flat_row(self, op: Operation, rows_input: tuple, x: Value, check: bool) -> Value:
         """For `x[i]` or `x[i] = v` (`op`, the key one index i), where each lane's instance has
-        its rows of x in a table of `rows_input` rows per instance: row root * rows + i, i
-        counted from the instance's own end when negative and, with `check`, checked."""
+        its rows of x in a table of `rows_input` rows per instance: row first + i, i counted
+        from the instance's own end when negative and, with `check`, checked. `first`, the
+        instance's first row, is root * rows in a carried buffer, and read from the table's
+        offsets in an outer table (`lanes.Table`: packed or padded rows)."""
         key = op.attrs["key"]
         i64 = TensorType((), torch.int64)
         if key[0][0] == "dyn":
@@ -385,14 +388,19 @@ class Straight:
             index = self.emit(Op.CAST, [index], TensorType(index.type.shape, torch.int64), index.id in self.lane,
                               dtype=torch.int64)
         root = self.input(("root",), TensorType((LANES,), torch.int64), lane=True)
-        rows = self.input(rows_input, i64)
-        size = rows
+        lanes = TensorType((LANES,), torch.int64)
         if x.type.shape[0] in self.ragged:
             sizes = self.input(("sizes", self.ragged.index(x.type.shape[0])), TensorType((INSTANCES_SYM,), torch.int64))
-            size = self.emit(Op.GATHER, [sizes, root], TensorType((LANES,), torch.int64), True, dim=0)
+            size = self.emit(Op.GATHER, [sizes, root], lanes, True, dim=0)
+        else:
+            size = self.input(rows_input, i64)
         index = self.own_index(index, size, check)
-        lanes = TensorType((LANES,), torch.int64)
-        return self.emit(Op.ADD, [self.emit(Op.MUL, [root, rows], lanes, True), index], lanes, True)
+        if rows_input[0] == "rows":
+            offsets = self.input(("offsets", rows_input[1]), TensorType((INSTANCES_SYM,), torch.int64))
+            first = self.emit(Op.GATHER, [offsets, root], lanes, True, dim=0)
+        else:
+            first = self.emit(Op.MUL, [root, self.input(rows_input, i64)], lanes, True)
+        return self.emit(Op.ADD, [first, index], lanes, True)
 
     def ancestors(self, values: list[Value]) -> set[int]:
         """The ids of the values (of the ops emitted so far) that `values` are computed from."""

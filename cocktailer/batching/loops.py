@@ -42,7 +42,7 @@ import torch
 
 from cocktailer.backend.batched import LevelRun
 from cocktailer.batching.blocks import LANES, constant_source
-from cocktailer.batching.lanes import Lanes, rows
+from cocktailer.batching.lanes import Lanes, Table, rows
 from cocktailer.batching.levels import LevelProgram, Straight, condition_slice, one_row
 from cocktailer.ir import Op, Operation, Program, Region, TensorType, Value
 
@@ -289,8 +289,8 @@ def _inputs(level: LevelProgram, loop: LoopProgram, env: dict, count: int, per_r
                 out.append(value)
             else:
                 if which[0] not in stacked:
-                    stacked[which[0]] = rows(value, count).contiguous()
-                per_lane = stacked[which[0]]
-                out.append(torch.tensor(per_lane.shape[1]) if kind == "rows" else
-                           per_lane.view(-1, *per_lane.shape[2:]) if kind == "table" else per_lane)
+                    stacked[which[0]] = Table(value, count)
+                table = stacked[which[0]]
+                out.append(torch.tensor(table.width) if kind == "rows" else table.flat() if kind == "table" else
+                           table.offsets() if kind == "offsets" else table.whole())
     return out, advancing

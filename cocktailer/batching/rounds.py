@@ -96,7 +96,7 @@ def _reached(site: Operation, body: Region, top: list[Operation], taken: dict) -
 def run_rounds(rounds: RoundProgram, plan: LevelPlan, args: list, count: int, stacked: list,
                per_lane_sizes, max_rounds: int) -> CallTree:
     """The call tree, a round at a time (`inspector.grow`), each round by the round program's
-    native calls. `stacked`: the outer call's arguments, one contiguous row per instance, where
+    native calls. `stacked`: the outer call's arguments as `lanes.Table`s, where
     every call hands them on (`levels.level_inputs`); `per_lane_sizes`: the instances' sizes of
     their ragged dims."""
     def expand(roots: torch.Tensor, varying: dict, start: int, end: int) -> tuple[list, torch.Tensor]:
