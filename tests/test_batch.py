@@ -167,6 +167,21 @@ def test_a_branch_result_read_on_one_arms_lanes_is_taken_from_that_arm_alone():
     assert result.rank == 1 and result.count == 5
 
 
+def test_an_early_exits_state_is_never_put_together_for_the_lanes_that_left(monkeypatch):
+    """Berxit's layers are a chain of branches, each handing the state of the sentences still
+    running to the next: the executor takes it from the arm that computed it, layer after
+    layer, instead of writing every sentence's rows (with placeholders) into one tensor."""
+    from cocktailer.batching.lanes import Split
+    from cocktailer.models.throughput import berxit_instances
+    put_together = []
+    base = Split.base.fget
+    monkeypatch.setattr(Split, "base", property(lambda self: put_together.append(self.rank) or base(self)))
+    model, instances = berxit_instances(8, "small", seed=1)
+    batched = assert_batch_matches(model, instances)
+    assert batched.schedule.branches >= 2, "the sentences left at different layers"
+    assert put_together and max(put_together) == 1, "only the class probabilities (rank 1) are put together"
+
+
 def test_divergent_branches_run_each_arm_on_its_group():
     instances = [(randn(5, seed=k) + (k % 3 - 1),) for k in range(9)]
     batched = assert_batch_matches(Branchy(), instances)

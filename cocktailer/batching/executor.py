@@ -245,9 +245,9 @@ class BatchedExecutor:
                 layout = layouts[lengths] = RowLayout(torch.tensor(lengths), max(lengths))
             packed = torch.cat(column, out=self.workspace.take(("rows", k), (layout.total, *first.shape[1:]),
                                                                first.dtype, first.device))
-            padded = functools.partial(self.workspace.take, ("input", k), (layout.count * layout.width, *first.shape[1:]),
-                                       first.dtype, first.device)
-            return Packed(packed, layout, pad_into=padded)
+            pad_into = functools.partial(self.workspace.take, ("input", k),
+                                         (layout.count * layout.width, *first.shape[1:]), first.dtype, first.device)
+            return Packed(packed, layout, pad_into=pad_into)
         shape = [max(t.shape[d] for t in column) for d in range(first.dim())]
         return Lanes(torch.stack([_padded(t, shape) for t in column]))
 

@@ -47,8 +47,9 @@ INSTANCES_SYM = Sym("instances", hint=5)
 class LevelProgram:
     program: Program
     inputs: list[tuple]   # what each parameter takes: ("table", j), ("offsets", j), ("rows", j), ("whole", j),
-    #                       ("root",), ("arg", j), ("kids", s), ("results", k) or ("sizes", column); see `level_inputs` (and loop
-    #                       programs' ("carried", k), ("source",), ("buffer", k), ("buffer_rows", k): `loops._inputs`)
+    #                       ("root",), ("arg", j), ("kids", s), ("results", k) or ("sizes", column); see
+    #                       `level_inputs` (and loop programs' ("carried", k), ("source",), ("buffer", k),
+    #                       ("buffer_rows", k): `loops._inputs`)
     checks: bool          # whether the last output says an index was outside its instance's size
     outputs: list[tuple]  # what each output is, before the flag: ("yield", i), the region's yield i per lane;
     #                       ("buffer", k), carried buffer k written in place (the output IS its input ("buffer", k))
