@@ -700,6 +700,84 @@ def test_instances_that_fail_while_captured_are_all_named():
     assert e.value.positions == [1, 3]
 
 
+def _lanes_of(*shape, dtype=torch.float32, high=None, seed=0):
+    from cocktailer.batching.lanes import Lanes
+    g = torch.Generator().manual_seed(seed)
+    if high is not None:
+        return Lanes(torch.randint(-high, high, shape, generator=g, dtype=dtype))
+    return Lanes(torch.randn(*shape, generator=g).to(dtype))
+
+
+_K = 5   # lanes
+_UPDATES = [   # (x, v, dynamic indices, key)
+    (_lanes_of(_K, 1, 50, dtype=torch.int64, high=9), _lanes_of(_K, 1, dtype=torch.int64, high=9),
+     [_lanes_of(_K, dtype=torch.int64, high=50)], (("slice", None, None, None), ("dyn",))),   # a decoder's token
+    (torch.randn(6, 4), _lanes_of(_K, 4), [_lanes_of(_K, dtype=torch.int64, high=6, seed=1)], (("dyn",),)),
+    (_lanes_of(_K, 3, 4), torch.randn(3), [], (("int", 1), ("slice", 0, 3, None))),
+    (_lanes_of(_K, 4), _lanes_of(_K, 2, seed=2), [], (("new",), ("slice", 1, 3, None))),
+    (_lanes_of(_K, 3, 4, 2), _lanes_of(_K, 4, seed=3), [_lanes_of(_K, dtype=torch.int64, high=3, seed=4),
+                                                       torch.tensor(-1)],
+     (("dyn",), ("slice", None, None, None), ("dyn",))),
+    (_lanes_of(_K, 4), _lanes_of(_K, 1, 4, seed=5), [], (("slice", None, None, None),)),
+    (_lanes_of(_K, 3, 4), _lanes_of(_K, seed=6), [_lanes_of(_K, dtype=torch.int64, high=3, seed=7)],
+     (("dyn",), ("int", 2))),
+]
+_GATHERS = [   # (table, index, dim)
+    (torch.randn(10, 3), _lanes_of(_K, dtype=torch.int64, high=10), 0),   # an embedding lookup
+    (torch.randn(10, 3), _lanes_of(_K, 2, dtype=torch.int64, high=10, seed=1), 0),
+    (torch.randn(3, 10), _lanes_of(_K, dtype=torch.int64, high=10, seed=2), 1),
+    (_lanes_of(_K, 10, 3), torch.tensor(-2), 0),
+    (_lanes_of(_K, 3, 10), torch.tensor([4, -1, 0]), 1),
+]
+
+
+_CONVS = [   # (images, filters, bias, attrs)
+    (_lanes_of(_K, 2, 3, 9, 7), torch.randn(4, 3, 3, 3), torch.randn(4), dict(stride=(1, 1), padding=(1, 1))),
+    (_lanes_of(_K, 4, 8, 8), torch.randn(6, 2, 3, 3), None, dict(stride=(2, 2), padding=(0, 1), groups=2)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(_UPDATES) + len(_GATHERS) + len(_CONVS)))
+def test_update_gather_and_conv_rules_compute_what_each_lane_computes(case):
+    """The batching rules of UPDATE (a write at each lane's own index), GATHER (a shared table
+    read at each lane's indices) and CONV2D (every lane's images through shared filters)
+    against torch.vmap of the op's meaning, per lane."""
+    from cocktailer.batching.lanes import RULES, Lanes, _vmapped, rows
+    from cocktailer.ir import Op
+    if case < len(_UPDATES):
+        x, v, dynamic, key = _UPDATES[case]
+        op, operands, attrs = Op.UPDATE, [x, v, *dynamic], {"key": key}
+        expected = _vmapped(op, [Lanes(rows(x, _K)), v, *dynamic], attrs, _K)
+    elif case < len(_UPDATES) + len(_GATHERS):
+        table, index, dim = _GATHERS[case - len(_UPDATES)]
+        op, operands, attrs = Op.GATHER, [table, index], {"dim": dim}
+        expected = _vmapped(op, operands, attrs, _K)
+    else:
+        images, filters, bias, attrs = _CONVS[case - len(_UPDATES) - len(_GATHERS)]
+        op, operands = Op.CONV2D, [images, filters] + ([bias] if bias is not None else [])
+        attrs = {"dilation": (1, 1), "groups": 1, **attrs}
+        expected = _vmapped(op, operands, attrs, _K)
+    torch.testing.assert_close(RULES[op](op, operands, attrs, _K), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_decoders_token_lookup_and_write_have_batching_rules():
+    """seq2seq looks up each instance's last token in the embedding and writes it at the
+    instance's own step: both by the rules above, none through torch.vmap."""
+    w = models.make("seq2seq", batch=1, size="small", seed=0)
+    instances = [w.inputs] + [models.make("seq2seq", batch=1, size="small", seed=s).inputs for s in range(1, 4)]
+    batched = assert_batch_matches(w.model.eval(), instances)
+    assert "(run through torch.vmap): none" in cocktailer.explain(batched)
+
+
+def test_convolutions_over_each_instances_images_have_a_batching_rule():
+    """BlockDrop's convolutions, where instances skip different blocks: each group's images
+    through the shared filters in one convolution, none through torch.vmap."""
+    w = models.make("blockdrop", batch=1, size="small", seed=0)
+    instances = [w.inputs] + [models.make("blockdrop", batch=1, size="small", seed=s).inputs for s in range(1, 4)]
+    batched = assert_batch_matches(w.model.eval(), instances)
+    assert "(run through torch.vmap): none" in cocktailer.explain(batched)
+
+
 def test_runs_of_data_ops_are_native_blocks():
     """The TreeLSTM's leaf and node cells are one native call each per level, over all lanes."""
     from cocktailer.batching.blocks import Block

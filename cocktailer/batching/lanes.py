@@ -460,9 +460,65 @@ def _dim(x: Lanes, dim: int) -> torch.Tensor:
 
 
 def _update(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
-    # vmap cannot write lane values into a shared tensor: give the target its lanes first
-    x, *rest = operands
-    return _vmapped(kind, [Lanes(rows(x, count)), *rest], attrs, count)
+    """x[key] = v per lane, as one write into a copy of every lane's x: `_select`'s index, the
+    lane index first, so the region written is (lanes, the lane's region). A decoder writing
+    each instance's token at its own step ran through torch.vmap at every step (0.2 ms)."""
+    x, v, *dynamic = operands
+    if any(d.base.dtype.is_floating_point or d.base.dtype is torch.bool if isinstance(d, Lanes) else
+           d.dtype.is_floating_point or d.dtype is torch.bool for d in dynamic):
+        return _vmapped(kind, [Lanes(rows(x, count)), v, *dynamic], attrs, count)   # (not an integer index)
+    y = rows(x, count).clone(memory_format=torch.contiguous_format)
+    basic, positions, kept = [slice(None)], [], 1
+    for item in attrs["key"]:
+        if item[0] == "int":
+            basic.append(item[1])
+            continue
+        if item[0] == "dyn":
+            positions.append(kept)
+        basic.append(slice(*item[1:]) if item[0] == "slice" else None if item[0] == "new" else slice(None))
+        kept += 1
+    view = y[tuple(basic)]   # basic indexing: a view of y
+    index: list = [slice(None)] * view.dim()
+    if positions:
+        index[0] = torch.arange(count, device=y.device)
+        for p, d in zip(positions, dynamic):
+            index[p] = d.rows() if isinstance(d, Lanes) else d
+    region = [view.shape[d] for d in range(1, view.dim()) if d not in positions]
+    if isinstance(v, Lanes):   # each lane's value broadcast to its own region
+        values = v.rows()
+        extra = v.rank - len(region)   # leading dims of one that torch drops from a value of higher rank
+        values = values.reshape(count, *values.shape[1 + extra:]) if extra > 0 else values
+        v = values.reshape(count, *[1] * max(-extra, 0), *values.shape[1:])
+    view[tuple(index)] = v
+    return y
+
+
+def _gather(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    """GATHER per lane where one operand is shared: a shared table read at each lane's indices
+    (an embedding lookup of each instance's token) is one indexing of the table; each lane's
+    table at shared indices, one indexing of every lane's rows."""
+    x, idx = operands
+    dim = attrs["dim"]
+    if not isinstance(x, Lanes):   # the lanes' index dims land where dim was: moved in front
+        return x[(slice(None),) * dim + (idx.rows(),)].movedim(dim, 0)
+    if not isinstance(idx, Lanes):
+        if idx.dim() == 0:
+            return x.rows()[(slice(None),) * (dim + 1) + (idx.reshape(1),)].squeeze(dim + 1)
+        return x.rows()[(slice(None),) * (dim + 1) + (idx,)]
+    return _vmapped(kind, operands, attrs, count)
+
+
+def _conv2d(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
+    """Every lane's images through shared filters: one convolution over all of them (the lanes'
+    images side by side in its batch dim)."""
+    x, *weights = operands
+    if not isinstance(x, Lanes) or any(isinstance(w, Lanes) for w in weights):
+        return _vmapped(kind, operands, attrs, count)
+    images = x.rows()
+    if x.rank == 3:   # one image per lane
+        return SEMANTICS[kind](images, *weights, **attrs)
+    out = SEMANTICS[kind](images.flatten(0, 1), *weights, **attrs)
+    return out.view(count, images.shape[1], *out.shape[1:])
 
 
 def _vmapped(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
@@ -483,4 +539,6 @@ RULES: dict[Op, Callable] = {
     Op.PERMUTE: _permute,
     Op.EXPAND: _expand,
     Op.UPDATE: _update,
+    Op.GATHER: _gather,
+    Op.CONV2D: _conv2d,
 }
