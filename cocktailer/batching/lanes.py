@@ -111,7 +111,20 @@ class RowLayout:
         return padded.reshape(self.count * self.width, *padded.shape[2:]).index_select(0, self.slots)
 
 
-class Packed(Lanes):
+class HeldApart(Lanes):
+    """A lane value held other than as one tensor of rows: `base` puts every lane's rows
+    together (once, when a reader needs them), with no index array over them."""
+    __slots__ = ()
+
+    @property
+    def index(self):
+        return None
+
+    def rows(self) -> torch.Tensor:
+        return self.base
+
+
+class Packed(HeldApart):
     """A value whose first dim is ragged, held as its real rows only (`RowLayout`): native blocks
     of position-wise ops (a Linear, a LayerNorm over each token) compute on these, so that no
     work is spent on padding. Read as a `Lanes` (`rows()`, `base`), it is padded, once."""
@@ -137,19 +150,12 @@ class Packed(Lanes):
         return self._padded
 
     @property
-    def index(self):
-        return None
-
-    @property
     def count(self) -> int:
         return self.layout.count
 
     @property
     def rank(self) -> int:
         return self.packed.dim()
-
-    def rows(self) -> torch.Tensor:
-        return self.base
 
     def take(self, lanes: torch.Tensor) -> "Packed":
         return Packed(self.packed.index_select(0, self.layout.lane_rows(lanes)),
@@ -165,7 +171,7 @@ class Packed(Lanes):
         return f"Packed({tuple(self.packed.shape)}, lanes={self.count})"
 
 
-class Split(Lanes):
+class Split(HeldApart):
     """A branch's result whose arms ran on disjoint lanes, kept as the arms' values until a
     reader needs every lane's row (`base`: then they are written into one tensor, once).
 
@@ -194,19 +200,12 @@ class Split(Lanes):
         return self._base
 
     @property
-    def index(self):
-        return None
-
-    @property
     def count(self) -> int:
         return self.lanes_count
 
     @property
     def rank(self) -> int:
         return self._rank
-
-    def rows(self) -> torch.Tensor:
-        return self.base
 
     def take(self, lanes: torch.Tensor):
         """The lanes `lanes`: from the arm that holds all of them where one does (no copy of
@@ -407,16 +406,7 @@ def _select(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
         first = Lanes(x.first_rows(int(key[0][1])))
         return _select(kind, [first], rest, count) if key[1:] else first.rows()
     batched_x = isinstance(x, Lanes)
-    basic, positions = [slice(None)] if batched_x else [], []   # positions: the dynamic ones' dims in y
-    kept = len(basic)   # dims of y so far (an int item drops its dim)
-    for item in attrs["key"]:
-        if item[0] == "int":
-            basic.append(item[1])
-            continue
-        if item[0] == "dyn":
-            positions.append(kept)
-        basic.append(slice(*item[1:]) if item[0] == "slice" else None if item[0] == "new" else slice(None))
-        kept += 1
+    basic, positions = _basic_index(attrs["key"], batched_x)
     if not positions and batched_x:
         return x.rows()[tuple(basic)]
     y = (x.base if batched_x else x)[tuple(basic)]
@@ -432,6 +422,23 @@ def _select(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
     # when the indexed dims are adjacent, else in front
     adjacent = positions == list(range(positions[0], positions[0] + len(positions)))
     return out.movedim(positions[0], 0) if adjacent else out
+
+
+def _basic_index(key: tuple, lane_dim: bool) -> tuple[list, list[int]]:
+    """A SELECT/UPDATE key's basic index (slices, ints, None; a whole slice where a dynamic
+    index goes, and first for the lane dim if `lane_dim`), and the dims the dynamic indices
+    then index in its result (an int item drops its dim)."""
+    basic, positions = [slice(None)] if lane_dim else [], []
+    kept = len(basic)   # dims of the result so far
+    for item in key:
+        if item[0] == "int":
+            basic.append(item[1])
+            continue
+        if item[0] == "dyn":
+            positions.append(kept)
+        basic.append(slice(*item[1:]) if item[0] == "slice" else None if item[0] == "new" else slice(None))
+        kept += 1
+    return basic, positions
 
 
 def _cat(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
@@ -464,19 +471,11 @@ def _update(kind: Op, operands: list, attrs: dict, count: int) -> torch.Tensor:
     lane index first, so the region written is (lanes, the lane's region). A decoder writing
     each instance's token at its own step ran through torch.vmap at every step (0.2 ms)."""
     x, v, *dynamic = operands
-    if any(d.base.dtype.is_floating_point or d.base.dtype is torch.bool if isinstance(d, Lanes) else
-           d.dtype.is_floating_point or d.dtype is torch.bool for d in dynamic):
+    dtypes = [(d.base if isinstance(d, Lanes) else d).dtype for d in dynamic]
+    if any(dt.is_floating_point or dt is torch.bool for dt in dtypes):
         return _vmapped(kind, [Lanes(rows(x, count)), v, *dynamic], attrs, count)   # (not an integer index)
     y = rows(x, count).clone(memory_format=torch.contiguous_format)
-    basic, positions, kept = [slice(None)], [], 1
-    for item in attrs["key"]:
-        if item[0] == "int":
-            basic.append(item[1])
-            continue
-        if item[0] == "dyn":
-            positions.append(kept)
-        basic.append(slice(*item[1:]) if item[0] == "slice" else None if item[0] == "new" else slice(None))
-        kept += 1
+    basic, positions = _basic_index(attrs["key"], lane_dim=True)
     view = y[tuple(basic)]   # basic indexing: a view of y
     index: list = [slice(None)] * view.dim()
     if positions:

@@ -199,11 +199,8 @@ def render_binary(op: Operation, ctx: KernelContext) -> str:
 
 
 def render_where(op: Operation, ctx: KernelContext) -> str:
-    cond, a, b = op.operands
-    out = op.results[0]
-    dt = out.type.dtype
-    return map_kernel(ctx, out, [cond, a, b], lambda xs: f"(({xs[0]}) ? {convert(xs[1], a.type.dtype, dt)} : "
-                                                        f"{convert(xs[2], b.type.dtype, dt)})")
+    types = [v.type for v in op.operands]
+    return map_kernel(ctx, op.results[0], op.operands, lambda xs: step_expr(Op.WHERE, xs, types, op.results[0].type))
 
 
 # -- fused ---------------------------------------------------------------------------------
