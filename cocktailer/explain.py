@@ -49,9 +49,20 @@ def explain(model: Callable, example_inputs: tuple | None = None, *, backend: st
 
 _INSPECTORS = {   # how a recursion's call tree was found (Schedule.inspectors), in words
     "native": "compiled to C (one pass over every instance's calls)",
-    "rounds": "a round of calls at a time, each round as native programs (one deciding every call's branches, one "
-              "per set of arms computing the self-calls' arguments)",
+    "round loop": "a round of calls at a time, every round in one call of the native round loop (each round: one "
+                  "program deciding every call's branches, one per set of arms computing the self-calls' arguments)",
+    "rounds": "a round of calls at a time, each round as native programs called from Python (one deciding every "
+              "call's branches, one per set of arms computing the self-calls' arguments)",
 }
+
+
+def _inspector(how: str) -> str:
+    """Schedule.inspectors' `how` in words: a key of _INSPECTORS, "rounds: why not in the round
+    loop", or why the slice has no native form."""
+    key, _, why = how.partition(": ")
+    if key in _INSPECTORS:
+        return _INSPECTORS[key] + (f"; not in the round loop: {why}" if why else "")
+    return f"run by the executor (native blocks of the slice, torch ops), a round of calls at a time: {how}"
 
 
 def _batched(batched: BatchedFunction, example_inputs) -> str:
@@ -101,8 +112,7 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
             lines += [f"    loop at {where} ran step by step from Python: {why}"
                       for where, why in schedule.stepped_loops.items()]
         for name, how in schedule.inspectors.items():
-            lines.append(f"  @{name}: inspector " + _INSPECTORS.get(how, "run by the executor (native blocks of the slice, "
-                                                                    f"torch ops), a round of calls at a time: {how}"))
+            lines.append(f"  @{name}: inspector " + _inspector(how))
         lines.append(f"  inspectors: {schedule.inspect_s * 1e3:.3f} ms")
         for name, (native, by_ops) in schedule.level_groups.items():
             loops = schedule.level_loops.get(name, 0)

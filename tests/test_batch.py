@@ -543,20 +543,23 @@ def test_each_technique_turned_off_gives_the_same_answers(off):
     assert bool(masked) == (off not in ("block_masks", "native_blocks"))
 
 
-def _call_tree(batched, instances, native: bool):
-    """The call tree the batched run of `instances` found, by the native inspector (a tree walk
-    or round programs) or the torch inspector."""
+def _call_tree(batched, instances, native: bool, **techniques):
+    """The call tree the batched run of `instances` found, by the native inspector (a tree walk,
+    or round programs: in the native round loop unless `level_loop=False`) or the torch
+    inspector."""
     from cocktailer.batching import executor as module
     (executor,) = batched._executors.values()
     executor._inspectors.clear()
     executor._rounds.clear()
-    executor.techniques = Techniques(native_inspector=native)
+    executor.techniques = Techniques(native_inspector=native, **techniques)
     found = []
-    native_call, torch_inspect, rounds = module.NativeInspector.__call__, module.inspect, module.run_rounds
+    native_call, torch_inspect = module.NativeInspector.__call__, module.inspect
+    rounds, round_loop = module.run_rounds, module.run_round_loop
     with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
         patch.setattr(module.NativeInspector, "__call__", lambda *a: found.append(native_call(*a)) or found[-1])
         patch.setattr(module, "inspect", lambda *a: found.append(torch_inspect(*a)) or found[-1])
         patch.setattr(module, "run_rounds", lambda *a: found.append(rounds(*a)) or found[-1])
+        patch.setattr(module, "run_round_loop", lambda *a: found.append(round_loop(*a)) or found[-1])
         batched(instances)
     (tree,) = found
     return tree
@@ -1088,21 +1091,61 @@ def test_weights_moved_out_of_loops_are_constants_of_the_native_code():
 def test_a_call_tree_decided_by_tensors_is_found_by_round_programs():
     """DRNN decides whether a node expands from its state, a tensor: no scalar tree walk finds
     its call tree, so each round of its inspector runs as native programs (one deciding every
-    call's branch, one computing the expanding calls' children), and finds the call tree the
-    torch inspector finds; each level's calls still run as one native call."""
+    call's branch, one computing the expanding calls' children), all rounds in one call of the
+    native round loop, and finds the call tree that the rounds driven from Python and the torch
+    inspector find; each level's calls still run as one native call."""
     from cocktailer.models.throughput import drnn_instances
     model, instances = drnn_instances(12, "small", seed=3)
     batched = assert_batch_matches(model.eval(), instances)
-    assert batched.schedule.inspectors == {"generate": "rounds"}
+    assert batched.schedule.inspectors == {"generate": "round loop"}
+    assert "every round in one call of the native round loop" in cocktailer.explain(batched)
     native_groups, op_by_op = batched.schedule.level_groups["generate"]
     assert native_groups >= len(batched.schedule.levels["generate"][0]) > 2 and op_by_op == 0
-    by_rounds, by_torch_ops = _call_tree(batched, instances, True), _call_tree(batched, instances, False)
-    assert by_rounds.calls == by_torch_ops.calls > 2 * len(instances)
+    by_loop = _call_tree(batched, instances, True)
+    by_rounds = _call_tree(batched, instances, True, level_loop=False)
+    by_torch_ops = _call_tree(batched, instances, False)
+    assert by_loop.calls == by_torch_ops.calls > 2 * len(instances)
+    _assert_same_tree(by_loop, by_rounds)
     # (numbered in another order: compared by what does not depend on the order)
     for count in (lambda t: t.path, lambda t: t.height, lambda t: t.root):
-        assert torch.equal(torch.bincount(count(by_rounds)), torch.bincount(count(by_torch_ops)))
-    for j, values in by_rounds.arguments.items():
+        assert torch.equal(torch.bincount(count(by_loop)), torch.bincount(count(by_torch_ops)))
+    for j, values in by_loop.arguments.items():
         torch.testing.assert_close(values.sum(0), by_torch_ops.arguments[j].sum(0), rtol=1e-4, atol=1e-4)
+
+
+@native
+def test_the_round_loop_makes_room_when_a_batch_has_more_calls_than_it_had():
+    """The round loop binds its programs for the calls and the widest round it made room for
+    last time; a batch with more is run again with more room, and finds the same tree."""
+    from cocktailer.models.throughput import drnn_instances
+    model, instances = drnn_instances(40, "small", seed=5)
+    batched = assert_batch_matches(model.eval(), instances[:4])
+    (executor,) = batched._executors.values()
+    (rounds,) = executor._rounds.values()
+    rounds.calls_cap, rounds.lanes_cap = 8, 4
+    from cocktailer.batching import executor as module
+    found, loop = [], module.run_round_loop
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "run_round_loop", lambda *a: found.append(loop(*a)) or found[-1])
+        outs = batched(instances)
+        for k, (out, args) in enumerate(zip(outs, instances)):
+            assert_same(out, model(*args), rtol=1e-4, atol=1e-5, path=f"instance {k}")
+    (by_loop,) = found
+    assert by_loop.calls > 4 * len(instances) and rounds.calls_cap >= by_loop.calls
+    _assert_same_tree(by_loop, _call_tree(batched, instances, True, level_loop=False))
+
+
+def _assert_same_tree(found, expected):
+    """The round loop numbers the calls as the rounds driven from Python do (by round, then by
+    the arms taken, then by site), so the trees are the same tensors."""
+    assert found.calls == expected.calls
+    for name in ("root", "height", "path"):
+        assert torch.equal(getattr(found, name), getattr(expected, name)), name
+    assert found.children.keys() == expected.children.keys()
+    for s, kids in found.children.items():
+        assert torch.equal(kids, expected.children[s])
+    for j, values in found.arguments.items():
+        torch.testing.assert_close(values, expected.arguments[j], rtol=1e-5, atol=1e-6)
 
 
 @native
@@ -1167,11 +1210,25 @@ def test_round_programs_name_the_instances_that_index_past_their_own_rows():
                  for k, n in enumerate([3, 5, 2, 6])]
     longer = (_links(7), randn(4, seed=9), torch.tensor(0))
     batched = assert_batch_matches(FollowLinks().eval(), [instances[0], instances[2], longer])
-    assert batched.schedule.inspectors == {"forward": "rounds"}
+    assert batched.schedule.inspectors == {"forward": "round loop"}
     with pytest.raises(cocktailer.BatchInputError, match="instance 1: IndexError") as e:
         with torch.no_grad():
             batched(instances)
     assert e.value.positions == [1, 3]
+
+
+@native
+@pytest.mark.parametrize("level_loop", [True, False])
+def test_rounds_past_the_recursion_limit_raise(level_loop, monkeypatch):
+    """A chain of calls longer than the batched executor's recursion limit is an error that says
+    so, whether the round loop or Python runs the rounds."""
+    from cocktailer.batching import executor as module
+    instances = [(_links(6), randn(4, seed=1) * 0.01, torch.tensor(0))]
+    batched = cocktailer.batch(FollowLinks().eval(), instances[0], techniques=Techniques(level_loop=level_loop))
+    monkeypatch.setattr(module, "RECURSION_LIMIT", 3)
+    with torch.no_grad(), pytest.raises(cocktailer.CompiledCallError, match=r"deeper than the batched executor "
+                                                                              r"supports \(3\)"):
+        batched(instances)
 
 
 @native

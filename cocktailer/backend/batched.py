@@ -7,7 +7,9 @@
 - Native inspectors (`cocktailer.codegen.inspector`): a recursive function's control slice as
   one C function that finds every call of every instance and its height.
 - The level loop (`cocktailer.codegen.level_loop`): one C function that runs a recursion's
-  levels, calling each group's level program (a native block's entry point).
+  levels, calling each group's level program (a native block's entry point); and the round
+  loop beside it, which runs every round of an inspector whose control slice computes with
+  tensors (`batching.rounds`).
 """
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ import torch
 from cocktailer.backend.config import Config
 from cocktailer.backend.native import UP_TO_RENDER, Build, Part, build_parts
 from cocktailer.backend.record import Record
+from cocktailer.errors import CompiledCallError
 from cocktailer.ir import Program
 from cocktailer.codegen.inspector import InspectorSource, render_inspector
-from cocktailer.codegen.level_loop import LEVEL_LOOP_SOURCE, LOOP_FAILED, LOOP_OUT_OF_RANGE
+from cocktailer.codegen.level_loop import (LEVEL_LOOP_SOURCE, LOOP_FAILED, LOOP_OUT_OF_RANGE, MAX_PATHS, ROUNDS_DEEP,
+                                          ROUNDS_FULL)
 from cocktailer.runtime.compiler import compile_shared_library, load_library
 from cocktailer.runtime.native import ERR_SIZES, CompiledProgram, default_workers
 
@@ -68,20 +72,34 @@ class LevelEntry(ctypes.Structure):
                 ("err", ctypes.c_void_p), ("lanes_at", ctypes.c_int64), ("flag", ctypes.c_int64)]
 
 
-_level_loop = None
+class RoundsLayout(ctypes.Structure):
+    """What the round loop reads (`ck_rounds_t`)."""
+    _fields_ = [("count", ctypes.c_int64), ("calls_cap", ctypes.c_int64), ("lanes_cap", ctypes.c_int64),
+                ("max_rounds", ctypes.c_int64), ("decide", ctypes.c_void_p), ("branches", ctypes.c_int64),
+                ("cond", ctypes.c_void_p), ("paths", ctypes.c_void_p), ("npaths", ctypes.c_int64),
+                ("reached", ctypes.c_void_p), ("sites", ctypes.c_int64), ("varying", ctypes.c_int64),
+                ("column", ctypes.c_void_p), ("row_bytes", ctypes.c_void_p), ("scratch", ctypes.c_void_p),
+                ("kids", ctypes.c_void_p), ("path", ctypes.c_void_p), ("height", ctypes.c_void_p),
+                ("order", ctypes.c_void_p)]
 
 
-def level_loop() -> ctypes._CFuncPtr:
-    """`ck_run_levels`, compiled once per process (and cached on disk)."""
-    global _level_loop
-    if _level_loop is None:
+_library = None
+
+
+def _loops():
+    """The library of `ck_run_levels` and `ck_run_rounds`, compiled once per process (and cached
+    on disk)."""
+    global _library
+    if _library is None:
         path, _ = compile_shared_library(LEVEL_LOOP_SOURCE)
-        entry = load_library(path, LEVEL_LOOP_SOURCE).ck_run_levels
-        entry.restype = ctypes.c_int64
-        entry.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                          ctypes.c_void_p]
-        _level_loop = entry
-    return _level_loop
+        library = load_library(path, LEVEL_LOOP_SOURCE)
+        library.ck_run_levels.restype = library.ck_run_rounds.restype = ctypes.c_int64
+        library.ck_run_levels.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                          ctypes.c_void_p, ctypes.c_void_p]
+        library.ck_run_rounds.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_void_p]
+        _library = library
+    return _library
 
 
 class LevelRun:
@@ -129,19 +147,64 @@ class LevelRun:
         raises what a failing entry's error code means."""
         table = torch.tensor(groups, dtype=torch.int64)
         entries = (LevelEntry * len(self.entries))(*self.entries)
-        failed, preempted = torch.zeros(2, dtype=torch.int64), ctypes.c_int64(0)
-        workers = self.programs[0].active_workers.choose()
-        start = time.perf_counter()
-        status = level_loop()(len(groups), table.data_ptr(), ctypes.addressof(entries), workers,
-                              failed.data_ptr(), ctypes.byref(preempted))
-        seconds = time.perf_counter() - start
-        for program in {id(p): p for p in self.programs}.values():
-            program.active_workers.report(workers, preempted.value, seconds)
+        failed = torch.zeros(2, dtype=torch.int64)
+        status = self._timed(lambda workers, preempted: _loops().ck_run_levels(
+            len(groups), table.data_ptr(), ctypes.addressof(entries), workers, failed.data_ptr(), preempted))
         group, code = failed.tolist()
         if status == LOOP_FAILED:
             self.programs[groups[group][2]].raise_error(code)
         return group if status == LOOP_OUT_OF_RANGE else None
 
+    def run_rounds(self, decide: int | None, paths: list[int | None], reached: list[tuple[int, ...]], sites: int,
+                   count: int, max_rounds: int, cond: list[torch.Tensor], columns: list[torch.Tensor],
+                   scratch: list[torch.Tensor], kids: torch.Tensor, path: torch.Tensor, height: torch.Tensor,
+                   order: torch.Tensor) -> int | None:
+        """Run the round loop (`codegen.level_loop`) of the bound programs `decide` (None: no
+        branch) and `paths` (by path; None: it reaches no site, `reached[p]` the sites it reaches
+        otherwise) over one-row-per-call tensors. Returns the calls found, or None where they
+        did not fit (`kids` rows, `order` lanes: bind again with more); raises past `max_rounds`
+        rounds, for an index out of range, and what a failing entry's error code means."""
+        assert len(paths) <= MAX_PATHS
+        path_entries = (LevelEntry * len(paths))(*[LevelEntry() if k is None else self.entries[k] for k in paths])
+        decide_entry = None if decide is None else LevelEntry.from_buffer_copy(self.entries[decide])
+        reach = torch.full((len(paths), max(sites, 1)), -1, dtype=torch.int64)
+        for p, found in enumerate(reached):
+            reach[p, :len(found)] = torch.tensor(found, dtype=torch.int64)
+        layout = RoundsLayout(
+            count, kids.shape[0], order.shape[0], max_rounds,
+            None if decide_entry is None else ctypes.addressof(decide_entry), len(cond),
+            ctypes.addressof(cond_at := _pointers([c.data_ptr() for c in cond])),
+            ctypes.addressof(path_entries), len(paths), reach.data_ptr(), sites, len(columns) - 1,
+            ctypes.addressof(column_at := _pointers([c.data_ptr() for c in columns])),
+            (row_bytes := _strides([c.stride(0) * c.element_size() for c in columns])).data_ptr(),
+            ctypes.addressof(scratch_at := _pointers([c.data_ptr() for c in scratch])),
+            kids.data_ptr(), path.data_ptr(), height.data_ptr(), order.data_ptr())
+        found, failed = torch.zeros(1, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
+        status = self._timed(lambda workers, preempted: _loops().ck_run_rounds(
+            ctypes.addressof(layout), workers, found.data_ptr(), failed.data_ptr(), preempted))
+        del cond_at, column_at, row_bytes, scratch_at   # (alive until the call returned)
+        if status == ROUNDS_FULL:
+            return None
+        if status == ROUNDS_DEEP:
+            raise CompiledCallError(f"the program recursed deeper than the batched executor supports ({max_rounds})")
+        _, code, which = failed.tolist()
+        if status == LOOP_FAILED:
+            self.programs[decide if which < 0 else paths[which]].raise_error(code)
+        if status == LOOP_OUT_OF_RANGE:
+            raise IndexError("an index is out of range for its instance's own size")
+        return int(found)
+
+    def _timed(self, call) -> int:
+        """`call(workers, preempted)`, on the workers the programs choose, its time and
+        preemptions reported to them."""
+        preempted = ctypes.c_int64(0)
+        workers = self.programs[0].active_workers.choose()
+        start = time.perf_counter()
+        status = call(workers, ctypes.byref(preempted))
+        seconds = time.perf_counter() - start
+        for program in {id(p): p for p in self.programs}.values():
+            program.active_workers.report(workers, preempted.value, seconds)
+        return status
 
 def _pointers(addresses: list[int]) -> ctypes.Array:
     return (ctypes.c_void_p * max(len(addresses), 1))(*addresses)

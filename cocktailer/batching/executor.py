@@ -35,7 +35,7 @@ from cocktailer.batching.lanes import (ARMS, CALLS, CHECKED, HIDDEN, RULES, SHAR
                                       RowLayout, Split, Table, apply, matmul_per_lane, merged, rows, take)
 from cocktailer.batching.ragged import constant_indices, masked_operands, padding_fill, ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
-from cocktailer.batching.rounds import RoundProgram, round_program, run_rounds
+from cocktailer.batching.rounds import RoundProgram, round_program, run_round_loop, run_rounds
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
 from cocktailer.ir import CREATION, Function, Op, Operation, Program, Region, Sym
 from cocktailer.ir.analysis import value_users
@@ -586,6 +586,8 @@ class BatchedExecutor:
         start = time.perf_counter()
         if isinstance(native, NativeInspector):
             tree = native(args, count, hidden, self.sizes, self.ragged)
+        elif isinstance(rounds, RoundProgram) and self.techniques.level_loop and rounds.looped is None:
+            tree = run_round_loop(rounds, plan, args, count, stacked, sizes, RECURSION_LIMIT)
         elif isinstance(rounds, RoundProgram):
             tree = run_rounds(rounds, plan, args, count, stacked, sizes, RECURSION_LIMIT)
         else:
@@ -654,8 +656,10 @@ class BatchedExecutor:
                                lambda: round_program(plan, self.program, branches, self.ragged))
         if not isinstance(found, RoundProgram):
             self.schedule.inspectors[plan.function.name] += f"; its rounds as native programs: no, {found}"
+        elif found.looped is not None and self.techniques.level_loop:
+            self.schedule.inspectors[plan.function.name] = f"rounds: {found.looped}"
         else:
-            self.schedule.inspectors[plan.function.name] = "rounds"
+            self.schedule.inspectors[plan.function.name] = "round loop" if self.techniques.level_loop else "rounds"
         return found
 
     def _level_program(self, plan: LevelPlan, path: int, branches: tuple[int, ...]) -> LevelProgram | str:

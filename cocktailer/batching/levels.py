@@ -94,7 +94,7 @@ def level_inputs(level: LevelProgram, stacked: list, tree, start: int, end: int,
     return out
 
 
-_PER_CALL = ("root", "arg", "kids")   # the inputs of one row per call; the others are the same for every group
+PER_CALL = ("root", "arg", "kids")   # the inputs of one row per call; the others are the same for every group
 
 
 def run_level_loop(run: list[tuple[int, int, LevelProgram]], stacked: list, tree, tables: list, per_lane_sizes):
@@ -105,7 +105,7 @@ def run_level_loop(run: list[tuple[int, int, LevelProgram]], stacked: list, tree
     for level in {id(level): level for _, _, level in run}.values():
         widest = max(end - start for start, end, other in run if other is level)
         inputs = level_inputs(level, stacked, tree, 0, tree.calls, tables, per_lane_sizes)
-        index[id(level)] = loop.add(level.compiled, inputs, [kind in _PER_CALL for kind, *_ in level.inputs],
+        index[id(level)] = loop.add(level.compiled, inputs, [kind in PER_CALL for kind, *_ in level.inputs],
                                     widest, tables, level.checks)
     if loop.run([(start, end, index[id(level)]) for start, end, level in run]) is not None:
         raise IndexError("an index is out of range for its instance's own size")

@@ -17,6 +17,10 @@ runs each round op by op through the executor; a round program runs it as
 Both are `levels.Straight` lines. The slice's branches must sit at the top of the body (none
 inside another's arm), at most MAX_BRANCHES of them; anything else the straight line cannot
 hold raises NotImplementedError, and the torch inspector runs the rounds.
+
+`run_round_loop` runs every round in one call of the native round loop (`codegen.level_loop`),
+which numbers the calls as `run_rounds` does; `run_rounds` drives the rounds from Python (the
+ablation's "level loop" off, or conditions and arguments the loop cannot hold: `looped`).
 """
 from __future__ import annotations
 
@@ -25,9 +29,11 @@ from types import SimpleNamespace
 
 import torch
 
+from cocktailer.backend.batched import LevelRun
 from cocktailer.batching.blocks import LANES
 from cocktailer.batching.inspector import CallTree, grow
-from cocktailer.batching.levels import LevelProgram, Straight, condition_slice, level_inputs
+from cocktailer.batching.lanes import rows
+from cocktailer.batching.levels import PER_CALL, LevelProgram, Straight, condition_slice, level_inputs
 from cocktailer.batching.recursion import LevelPlan
 from cocktailer.ir import Op, Operation, Program, Region, TensorType
 
@@ -42,6 +48,9 @@ class RoundProgram:
     reached: dict[int, tuple[int, ...]]   # path -> the sites (indices into plan.sites) whose arguments its
     #                                       program yields, in that order
     varying: tuple[int, ...]           # the parameters that change from call to call, in the yields' order
+    looped: str | None = None          # why the round loop cannot run these (None: it can)
+    calls_cap: int = 4096              # calls the round loop makes room for (grows, and is kept, when a batch
+    lanes_cap: int = 1024              # has more), and the widest round
 
     @property
     def levels(self) -> list[LevelProgram]:
@@ -72,7 +81,26 @@ def round_program(plan: LevelPlan, program: Program, branches: tuple[int, ...] |
         straight = Straight(Region(list(body.params), body.ops, arguments), program, ragged, outer,
                             taken=taken, only=plan.control)
         paths[path] = _per_call(straight).build()
-    return RoundProgram(decide, paths, reached, varying)
+    return RoundProgram(decide, paths, reached, varying, _why_not_looped(plan, decide, paths, varying))
+
+
+def _why_not_looped(plan: LevelPlan, decide: LevelProgram | None, paths: dict[int, LevelProgram],
+                    varying: tuple[int, ...]) -> str | None:
+    """Why the native round loop cannot run this round program (None: it can): it reads each
+    condition as a byte per call and writes each self-call's arguments straight into rows of
+    a fixed size and the parameter's dtype."""
+    params = [plan.function.params[j].type for j in varying]
+    if any(not all(isinstance(d, int) for d in t.shape) for t in params):
+        return "a varying argument's size differs between calls"
+    for level in paths.values():
+        made = level.program.main.result_types[:len(level.outputs)]
+        if any((t.dtype, tuple(t.shape[1:])) != (p.dtype, tuple(p.shape))
+               for k, t in enumerate(made) for p in [params[k % len(params)]]):
+            return "a self-call's argument has another dtype or shape than its parameter"
+    conditions = [] if decide is None else decide.program.main.result_types[:len(decide.outputs)]
+    if any(t.dtype is not torch.bool for t in conditions):
+        return "a branch condition is not a bool"
+    return None
 
 
 def _per_call(straight: Straight) -> Straight:
@@ -120,6 +148,55 @@ def run_rounds(rounds: RoundProgram, plan: LevelPlan, args: list, count: int, st
                 made.append((site, callers, dict(zip(rounds.varying, outs[k * width:(k + 1) * width]))))
         return made, path
     return grow(plan, args, count, max_rounds, expand)
+
+
+def run_round_loop(rounds: RoundProgram, plan: LevelPlan, args: list, count: int, stacked: list,
+                   per_lane_sizes, max_rounds: int) -> CallTree:
+    """The call tree, every round found by one call of the native round loop
+    (`codegen.level_loop`); the arguments as `run_rounds`'s. Where the calls or a round do not
+    fit the room made for them, again with four times the room (kept for the next batch)."""
+    while True:
+        tree = _round_loop(rounds, plan, args, count, stacked, per_lane_sizes, max_rounds)
+        if tree is not None:
+            return tree
+        rounds.calls_cap, rounds.lanes_cap = rounds.calls_cap * 4, rounds.lanes_cap * 4
+
+
+def _round_loop(rounds: RoundProgram, plan: LevelPlan, args: list, count: int, stacked: list, per_lane_sizes,
+                max_rounds: int) -> CallTree | None:
+    """The call tree from one call of the round loop, or None where it did not fit."""
+    params = plan.function.params
+    calls, lanes = max(rounds.calls_cap, count), max(rounds.lanes_cap, count)
+    columns = [torch.empty(calls, dtype=torch.int64),
+               *[torch.empty((calls, *params[j].type.shape), dtype=params[j].type.dtype) for j in rounds.varying]]
+    for column, j in zip(columns[1:], rounds.varying):
+        column[:count] = rows(args[j], count)
+    scratch = [torch.empty((lanes, *c.shape[1:]), dtype=c.dtype) for c in columns]
+    branches = 0 if rounds.decide is None else len(rounds.decide.outputs)
+    cond = [torch.empty(calls, dtype=torch.bool) for _ in range(branches)]
+    kids = torch.full((calls, len(plan.sites)), -1, dtype=torch.int64)
+    path, height = torch.zeros(calls, dtype=torch.int64), torch.empty(calls, dtype=torch.int64)
+
+    def per_call(table: list[torch.Tensor]) -> SimpleNamespace:
+        return SimpleNamespace(root=table[0], arguments=dict(zip(rounds.varying, table[1:])))
+
+    def bind(level: LevelProgram, table: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
+        inputs = level_inputs(level, stacked, per_call(table), 0, len(table[0]), None, per_lane_sizes)
+        return run.add(level.compiled, inputs, [kind in PER_CALL for kind, *_ in level.inputs], lanes, outputs,
+                       level.checks)
+
+    run = LevelRun()
+    decide = None if rounds.decide is None else bind(rounds.decide, columns, cond)
+    paths = [None if not rounds.reached[p] else bind(level, scratch, [columns[1 + v] for _ in rounds.reached[p]
+                                                                      for v in range(len(rounds.varying))])
+             for p, level in sorted(rounds.paths.items())]
+    found = run.run_rounds(decide, paths, [rounds.reached[p] for p in sorted(rounds.paths)], len(plan.sites),
+                           count, max_rounds, cond, columns, scratch, kids, path, height,
+                           torch.empty(lanes, dtype=torch.int64))
+    if found is None:
+        return None
+    return CallTree(found, columns[0][:found], {j: c[:found] for j, c in zip(rounds.varying, columns[1:])},
+                    {s: kids[:found, s] for s in range(len(plan.sites))}, height[:found], path[:found])
 
 
 def _run(level: LevelProgram, stacked: list, calls, n: int, per_lane_sizes) -> list[torch.Tensor]:

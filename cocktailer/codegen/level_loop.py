@@ -17,13 +17,41 @@ its entry's `err[]` size slot, and calls it. Results go straight into the result
 (an entry returned `failed[1]` at group `failed[0]`) or LOOP_OUT_OF_RANGE (group `failed[0]`
 set its out-of-range flag: an index outside its instance's size). `preempted`: the OS
 preemptions all the calls' workers counted.
+
+The round loop: the rounds of an inspector whose control slice computes with tensors
+(`batching.rounds`: DRNN's expansion gate), run by native code instead of by Python a round at
+a time (ACROBAT §4.2: the batch computes what the decision needs, decides, and only the calls
+that expand run the spawn). A round is the range of call ids found by the round before (the
+first: one call per instance, ids 0..count-1). For each round the loop calls
+
+- the decide program over the round's calls, writing each call's branch conditions (`cond[b]`,
+  one byte per call id) from which it takes the call's path (bit b: the first arm of branch b);
+- per path taken, the path program over the calls taking it: their per-call columns (`column[0]`
+  the call's instance, `column[1 + v]` its v-th varying argument) gathered into `scratch`, and
+  its outputs (for the k-th self-call site it reaches and varying argument v, output
+  `k * varying + v`) written straight into the columns at the children's new ids.
+
+Each child gets its caller's instance and a `kids` entry (caller, site); once no round finds
+more calls, heights (leaves 0) are taken from the children, last id first (children come after
+their parents).
+
+    int64_t ck_run_rounds(const ck_rounds_t* R, int nw, int64_t* found, int64_t* failed,
+                          int64_t* preempted)
+
+Returns LOOP_DONE (`found[0]` calls), LOOP_FAILED, LOOP_OUT_OF_RANGE (`failed[0]`: the round,
+`failed[2]`: the path whose program failed, -1: decide's),
+ROUNDS_FULL (more calls than `calls_cap`, or a round wider than `lanes_cap`: the caller binds
+again with more room) or ROUNDS_DEEP (more rounds than `max_rounds`).
+
 """
 from __future__ import annotations
 
-LOOP_DONE, LOOP_FAILED, LOOP_OUT_OF_RANGE = 0, 1, 2
+LOOP_DONE, LOOP_FAILED, LOOP_OUT_OF_RANGE, ROUNDS_FULL, ROUNDS_DEEP = 0, 1, 2, 3, 4
+MAX_PATHS = 8   # paths a round loop decides between (three branches)
 
 LEVEL_LOOP_SOURCE = f"""
 #include <stdint.h>
+#include <string.h>
 
 typedef int64_t (*ck_entry_t)(void**, void**, void**, char*, char*, int64_t, int64_t*, int64_t*, int64_t*, int);
 
@@ -37,20 +65,116 @@ typedef struct {{
   int64_t flag;       /* output whose first byte, set, says an index was out of range; -1: none */
 }} ck_level_t;
 
+/* call L over `lanes` lanes, its inputs from row `start` (its outputs already pointed at) */
+static int64_t ck_call(const ck_level_t* L, int64_t start, int64_t lanes, int nw, int64_t* preempted) {{
+  for (int64_t k = 0; k < L->inputs; k++) L->in[k] = L->in_base[k] + start * L->in_stride[k];
+  if (L->lanes_at >= 0) L->err[L->lanes_at] = lanes;
+  const int64_t code = L->fn(L->in, L->out, L->cst, L->arena, L->stack, L->max_depth, L->locals, L->rets,
+                             L->err, nw);
+  *preempted += L->err[1];
+  return code;
+}}
+
+static int ck_flagged(const ck_level_t* L) {{ return L->flag >= 0 && *(const char*)L->out[L->flag]; }}
+
 int64_t ck_run_levels(int64_t groups, const int64_t* group, const ck_level_t* levels, int nw,
                       int64_t* failed, int64_t* preempted) {{
   for (int64_t g = 0; g < groups; g++) {{
     const int64_t start = group[3 * g], lanes = group[3 * g + 1] - start;
     const ck_level_t* L = &levels[group[3 * g + 2]];
-    for (int64_t k = 0; k < L->inputs; k++) L->in[k] = L->in_base[k] + start * L->in_stride[k];
     for (int64_t k = 0; k < L->outputs; k++) L->out[k] = L->out_base[k] + start * L->out_stride[k];
-    if (L->lanes_at >= 0) L->err[L->lanes_at] = lanes;
-    const int64_t code = L->fn(L->in, L->out, L->cst, L->arena, L->stack, L->max_depth, L->locals, L->rets,
-                               L->err, nw);
-    *preempted += L->err[1];
+    const int64_t code = ck_call(L, start, lanes, nw, preempted);
     if (code) {{ failed[0] = g; failed[1] = code; return {LOOP_FAILED}; }}
-    if (L->flag >= 0 && *(const char*)L->out[L->flag]) {{ failed[0] = g; return {LOOP_OUT_OF_RANGE}; }}
+    if (ck_flagged(L)) {{ failed[0] = g; return {LOOP_OUT_OF_RANGE}; }}
   }}
+  return {LOOP_DONE};
+}}
+
+typedef struct {{
+  int64_t count, calls_cap, lanes_cap, max_rounds;
+  const ck_level_t* decide;     /* NULL: the slice has no branch (every call takes path 0) */
+  int64_t branches;             /* conditions decide writes: cond[b], one byte per call id */
+  char* const* cond;
+  const ck_level_t* paths;      /* one per path; fn NULL: no program (the path reaches no site) */
+  int64_t npaths;
+  const int64_t* reached;       /* npaths x sites: the sites path p reaches, in its outputs' order, then -1 */
+  int64_t sites, varying;
+  char* const* column;          /* 1 + varying per-call columns: the instance (int64), the varying arguments */
+  const int64_t* row_bytes;
+  char* const* scratch;         /* the same columns, for the calls of one path gathered (lanes_cap rows) */
+  int64_t* kids;                /* calls_cap x sites, -1 where a site is not reached */
+  int64_t* path;                /* per call id */
+  int64_t* height;              /* per call id */
+  int64_t* order;               /* lanes_cap: a round's calls grouped by path */
+}} ck_rounds_t;
+
+int64_t ck_run_rounds(const ck_rounds_t* R, int nw, int64_t* found, int64_t* failed, int64_t* preempted) {{
+  const int64_t columns = 1 + R->varying;
+  int64_t start = 0, total = R->count, round = 0;
+  int64_t* root = (int64_t*)R->column[0];
+  for (int64_t c = 0; c < total; c++) root[c] = c;
+  while (total > start) {{
+    const int64_t end = total, n = end - start;
+    if (round == R->max_rounds) return {ROUNDS_DEEP};
+    if (n > R->lanes_cap) return {ROUNDS_FULL};
+    failed[0] = round;
+    int64_t members[{MAX_PATHS}] = {{0}};
+    if (R->decide) {{
+      const ck_level_t* D = R->decide;
+      for (int64_t k = 0; k < D->outputs; k++) D->out[k] = D->out_base[k] + start * D->out_stride[k];
+      const int64_t code = ck_call(D, start, n, nw, preempted);
+      failed[2] = -1;
+      if (code) {{ failed[1] = code; return {LOOP_FAILED}; }}
+      if (ck_flagged(D)) return {LOOP_OUT_OF_RANGE};
+    }}
+    for (int64_t c = start; c < end; c++) {{
+      int64_t p = 0;
+      for (int64_t b = 0; b < R->branches; b++) p |= (int64_t)(R->cond[b][c] != 0) << b;
+      R->path[c] = p;
+      members[p]++;
+    }}
+    int64_t first[{MAX_PATHS}], at[{MAX_PATHS}];
+    for (int64_t p = 0, sum = 0; p < R->npaths; p++) {{ first[p] = at[p] = sum; sum += members[p]; }}
+    for (int64_t c = start; c < end; c++) R->order[at[R->path[c]]++] = c;
+    for (int64_t p = 0; p < R->npaths; p++) {{
+      const ck_level_t* P = &R->paths[p];
+      const int64_t* sites = R->reached + p * R->sites;
+      int64_t reach = 0;
+      while (reach < R->sites && sites[reach] >= 0) reach++;
+      const int64_t g = members[p];
+      if (!g || !reach) continue;
+      if (total + reach * g > R->calls_cap) return {ROUNDS_FULL};
+      const int64_t* calls = R->order + first[p];
+      for (int64_t i = 0; i < g; i++)
+        for (int64_t k = 0; k < columns; k++)
+          memcpy(R->scratch[k] + i * R->row_bytes[k], R->column[k] + calls[i] * R->row_bytes[k], R->row_bytes[k]);
+      for (int64_t k = 0; k < P->outputs; k++)
+        P->out[k] = k == P->flag ? P->out_base[k]
+                    : P->out_base[k] + (total + k / R->varying * g) * P->out_stride[k];
+      const int64_t code = ck_call(P, 0, g, nw, preempted);
+      failed[2] = p;
+      if (code) {{ failed[1] = code; return {LOOP_FAILED}; }}
+      if (ck_flagged(P)) return {LOOP_OUT_OF_RANGE};
+      for (int64_t r = 0; r < reach; r++)
+        for (int64_t i = 0; i < g; i++) {{
+          const int64_t child = total + r * g + i;
+          root[child] = root[calls[i]];
+          R->kids[calls[i] * R->sites + sites[r]] = child;
+        }}
+      total += reach * g;
+    }}
+    start = end;
+    round++;
+  }}
+  for (int64_t c = total - 1; c >= 0; c--) {{
+    int64_t h = 0;
+    for (int64_t s = 0; s < R->sites; s++) {{
+      const int64_t kid = R->kids[c * R->sites + s];
+      if (kid >= 0 && R->height[kid] + 1 > h) h = R->height[kid] + 1;
+    }}
+    R->height[c] = h;
+  }}
+  found[0] = total;
   return {LOOP_DONE};
 }}
 """
