@@ -383,6 +383,23 @@ def cases_movement() -> list[Case]:
     out.append(Case(Op.UPDATE, [rand((2, 12, 64, 64)), rand((2, 12, 64)), torch.tensor(31)],
                     {"key": (("slice", None, None, None), ("slice", None, None, None), ("dyn",), ("slice", None, None, None))},
                     name="-kv-cache"))
+    # SELECT and UPDATE over lanes (a batched program's key): each lane's own tensor at its own index
+    lanes, whole = ("lanes",), ("slice", None, None, None)
+    per_lane = torch.tensor([0, 3, -1, 2, -4])
+    x = rand((5, 3, 4))
+    for key, dyn, fails in [((lanes, whole, ("lane",)), [per_lane], False),
+                            ((lanes, ("lane",), ("int", 1)), [torch.tensor([2, -3, 0, 1, -1])], False),
+                            ((lanes, ("dyn",), ("lane",)), [torch.tensor(-2), per_lane], False),
+                            ((lanes, whole, ("lane",)), [torch.tensor([0, 1, 4, 0, 0])], True),
+                            ((lanes, ("int", 1), whole), [], False)]:
+        out.append(Case(Op.SELECT, [x, *dyn], {"key": key}, fails=fails, name="-lanes"))
+    for x, v, key, dyn, fails in [
+            (rand((5, 1, 7), I64), rand((5, 1), I64), (lanes, whole, ("lane",)), [torch.tensor([6, 0, -1, 3, 3])], False),
+            (rand((5, 3, 4)), rand((4,)), (lanes, ("lane",)), [torch.tensor([0, 2, -1, 1, -3])], False),
+            (rand((5, 3, 4)), rand((5, 3), I32), (lanes, whole, ("lane",)), [per_lane], False),
+            (rand((5, 3, 4)), rand((5, 4)), (lanes, ("dyn",)), [torch.tensor(-1)], False),
+            (rand((5, 3, 4)), rand((5, 3)), (lanes, whole, ("lane",)), [torch.tensor([0, 0, 0, 4, 0])], True)]:
+        out.append(Case(Op.UPDATE, [x, v, *dyn], {"key": key}, fails=fails, name="-lanes"))
     # GATHER
     table = rand((20, 8))
     for idx, dim, fails in [(torch.tensor([3, 0, 19, -1]), 0, False), (torch.tensor([[1, 2], [-20, 5]]), 0, False),

@@ -257,10 +257,20 @@ def _rule(op: Operation, flags: list[bool]):
             return dict(attrs) if ranks[1] >= 2 and ranks[0] <= 2 else None
         # each lane's matrix times its own: a batch of GEMMs over the lanes
         return dict(attrs) if ranks[0] == ranks[1] >= 2 else None
-    if kind is Op.SELECT:
-        if len(op.operands) > 1 or not flags[0]:
-            return None   # per-lane indices: the executor's gather (fused with the lane index)
-        return {**attrs, "key": (("slice", None, None, None),) + tuple(attrs["key"])}
+    if kind in (Op.SELECT, Op.UPDATE):   # each lane's own tensor; an index that differs by lane, each lane's own
+        fixed = 1 if kind is Op.SELECT else 2
+        if not flags[0] or any(flags[fixed:]) and any(i[0] == "new" for i in attrs["key"]):
+            return None   # (a lane index beside None: where torch puts the lanes' dim is not each lane's)
+        if any(not isinstance(size, int) for size in _indexed_sizes(op)):
+            return None   # an index into a size that may differ by lane: checked per lane by the executor
+        lane = iter(flags[fixed:])
+        key = tuple(("lane",) if item[0] == "dyn" and next(lane) else item for item in attrs["key"])
+        # (an UPDATE, or an index per lane, by the kernels over lanes; a SELECT at shared indices is a strided copy)
+        whole = ("lanes",) if kind is Op.UPDATE or any(flags[fixed:]) else ("slice", None, None, None)
+        return {**attrs, "key": (whole,) + key}
+    if kind is Op.GATHER:   # a shared table at each lane's indices (an embedding lookup of each lane's token):
+        #                     the lanes' index dims land where dim was, in front for dim 0
+        return dict(attrs) if flags == [False, True] and attrs["dim"] == 0 else None
     if kind is Op.CAT:
         if not all(flags):
             return None
@@ -271,13 +281,28 @@ def _rule(op: Operation, flags: list[bool]):
             return None
         dims = tuple(range(1, ranks[0] + 1)) if dims is None else tuple(d % ranks[0] + 1 for d in dims)
         return {**attrs, "dims": dims}
+    if kind in (Op.ARGMAX, Op.ARGMIN):   # (dim None: an index into the flattened tensor, dim 0 only for a vector)
+        dim = 0 if attrs.get("dim") is None and ranks[0] == 1 else attrs.get("dim")
+        return {**attrs, "dim": dim % ranks[0] + 1} if dim is not None and ranks[0] else None
     if kind in (Op.SOFTMAX, Op.LOG_SOFTMAX) and ranks[0] > 0:
         return {**attrs, "dim": attrs["dim"] % ranks[0] + 1}
     if kind is Op.PERMUTE:
         return {**attrs, "dims": (0,) + tuple(d % ranks[0] + 1 for d in attrs["dims"])}
     if kind is Op.RESHAPE:
         return {**attrs, "shape": (LANES,) + tuple(attrs["shape"])}
+    if kind is Op.EXPAND and ranks[0] == len(attrs["shape"]):   # (a lower rank: aligned first, `levels.Straight`)
+        return {**attrs, "shape": (LANES,) + tuple(attrs["shape"])}
     return None
+
+
+def _indexed_sizes(op: Operation) -> list:
+    """The sizes of the dims a SELECT/UPDATE key indexes by a dynamic operand."""
+    shape, found, dim = op.operands[0].type.shape, [], 0
+    for item in op.attrs["key"]:
+        if item[0] == "dyn":
+            found.append(shape[dim])
+        dim += item[0] != "new"
+    return found
 
 
 def batched_program(block: Block, program: Program) -> Program:

@@ -273,13 +273,14 @@ class Straight:
         if needs_lane_sizes(op, self.ragged):
             raise NotImplementedError(f"{kind.name} reads padding each instance's own size must mask")
         operands = [self.value(v) for v in op.operands]
-        if kind in ELEMENTWISE:
+        if kind in ELEMENTWISE or kind is Op.EXPAND:
             operands = [self.aligned(v, o.type, op.results[0].type.rank) for v, o in zip(operands, op.operands)]
         flags = [v.id in self.lane for v in operands]
         if kind is Op.MATMUL and flags == [True, True] and [v.type.rank for v in op.operands] == [2, 1]:
             return self.matrix_times_vector(op, operands)
-        if any(flags):   # (elementwise: every per-call operand aligned to the result's rank above)
-            attrs = dict(op.attrs) if kind in ELEMENTWISE else _rule(op, flags)
+        if any(flags):   # (elementwise and EXPAND: every per-call operand aligned to the result's rank above)
+            attrs = (dict(op.attrs) if kind in ELEMENTWISE else
+                     {**op.attrs, "shape": (LANES, *op.attrs["shape"])} if kind is Op.EXPAND else _rule(op, flags))
             if attrs is None:
                 raise NotImplementedError(f"{kind.name} has no batching rule for these operands")
             results = [Value(_over_lanes(r.type)) for r in op.results]
@@ -310,6 +311,8 @@ class Straight:
         return self.emit(Op.RESHAPE, [v], TensorType(shape, ty.dtype), True, shape=shape)
 
     def branch(self, op: Operation):
+        if id(op) not in self.taken and chooses_only(op):
+            return self.choice(op)
         if id(op) not in self.taken:
             raise NotImplementedError("a branch not decided before the program runs (by the inspector, or, in a loop, "
                                       "by the program of its condition: not inside another branch)")
@@ -323,6 +326,19 @@ class Straight:
                 self.versions[r.id] = version
             else:
                 self.rename[r.id] = self.value(y)
+
+    def choice(self, op: Operation):
+        """A branch whose arms compute nothing, only choose between values (`flag = True if
+        done.all() else flag`): a WHERE per result, each lane taking its own condition's value."""
+        cond = self.value(op.operands[0])
+        for r, a, b in zip(op.results, *(arm.yields for arm in op.regions)):
+            if self.buffer(a) is not None or self.buffer(b) is not None:
+                raise NotImplementedError("a branch chooses between versions of a buffer kept in place")
+            operands = [self.value(a), self.value(b)]
+            lane = any(v.id in self.lane for v in [cond, *operands])
+            operands = [self.aligned(v, t, r.type.rank) for v, t in zip([cond, *operands],
+                                                                       [op.operands[0].type, a.type, b.type])]
+            self.rename[r.id] = self.emit(Op.WHERE, operands, _over_lanes(r.type) if lane else r.type, lane)
 
     def call(self, op: Operation):
         if op not in self.sites:
@@ -443,6 +459,11 @@ class Straight:
             found = self.emit(Op.ANY, [outside], TensorType((), torch.bool), False, dims=None, keepdim=False)
             self.bad = found if self.bad is None else self.emit(Op.OR, [self.bad, found], found.type, False)
         return index
+
+
+def chooses_only(op: Operation) -> bool:
+    """Whether the branch `op`'s arms hold no op: each result is one of two values."""
+    return op.op is Op.IF and all(not arm.ops for arm in op.regions)
 
 
 def one_row(key: tuple) -> bool:

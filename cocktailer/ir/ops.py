@@ -101,9 +101,19 @@ _BINARY_FN: dict[Op, Callable] = {
 
 def build_key(key: tuple, dynamic: tuple[torch.Tensor, ...]) -> tuple:
     """Turn a SELECT/UPDATE key into a torch index. Items: ("slice", start, stop, step),
-    ("int", i), ("dyn",) for the next dynamic 0-d index operand, ("new",) for None."""
+    ("int", i), ("dyn",) for the next dynamic 0-d index operand, ("new",) for None. A batched
+    program's key over lanes starts with ("lanes",), the lanes' dim, and may hold ("lane",) for
+    the next dynamic operand of one index per lane: lane l's tensor is indexed by its own entry
+    (`x[l][..., idx[l], ...]` for every l, as advanced indexing with the lanes' positions puts
+    it)."""
     it = iter(dynamic)
     out = []
+    lanes = [d for d, item in zip(dynamic, [i for i in key if i[0] in ("dyn", "lane")]) if item[0] == "lane"]
+    if key and key[0][0] == "lanes":
+        key = key[1:]
+        out.append(slice(None) if not lanes else
+                   torch.arange(lanes[0].shape[0], device=lanes[0].device) if not lanes[0].is_meta else
+                   torch.empty(lanes[0].shape[0], dtype=torch.int64, device="meta"))
     for item in key:
         kind = item[0]
         if kind == "slice":
@@ -113,6 +123,8 @@ def build_key(key: tuple, dynamic: tuple[torch.Tensor, ...]) -> tuple:
         elif kind == "dyn":   # on meta tensors (shape inference) any in-range index will do
             d = next(it)
             out.append(0 if d.is_meta else d)
+        elif kind == "lane":
+            out.append(next(it))
         elif kind == "new":
             out.append(None)
         else:
@@ -141,7 +153,7 @@ def _update(x, v, *dynamic, key):
     if x.is_meta:
         return x.clone()
     y = x.clone()
-    y[build_key(key, dynamic)] = v
+    y[build_key(key, dynamic)] = v.to(y.dtype)   # (advanced indexing, a key over lanes, casts no dtype itself)
     return y
 
 

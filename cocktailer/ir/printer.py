@@ -45,6 +45,10 @@ def _key(key) -> str:
             parts.append(str(item[1]))
         elif kind == "dyn":
             parts.append("?")
+        elif kind == "lane":
+            parts.append("?lane")
+        elif kind == "lanes":
+            parts.append(":lanes")
         else:
             parts.append("None")
     return "[" + ", ".join(parts) + "]"

@@ -97,6 +97,8 @@ def _select_in_range(op: Operation, in_range: dict) -> bool:
             size = shape[dim]
             if isinstance(size, Sym) or not -size <= item[1] < size:
                 return False
+        elif kind in ("lanes", "lane"):   # (a batched program's: never hoisted)
+            return False
         elif kind == "dyn":
             counted = in_range.get(next(dynamic).id)   # (a Sym equals only a Sym of its name, never a number)
             if counted is None or counted != shape[dim]:

@@ -46,14 +46,20 @@ class _Recorder(ReferenceExecutor):
         operands, attrs = [env[v.id] for v in op.operands], dict(op.attrs)
         if op.op in (Op.SELECT, Op.UPDATE):   # freeze tensor indices to the values they had
             fixed = 1 if op.op is Op.SELECT else 2
-            dynamic = iter(operands[fixed:])
-            attrs["key"] = tuple(("int", int(next(dynamic))) if item[0] == "dyn" else item for item in attrs["key"])
-            operands = operands[:fixed]
+            pairs = _with_operands(attrs["key"], operands[fixed:])
+            attrs["key"] = tuple(("int", int(d)) if item[0] == "dyn" else item for item, d in pairs)
+            operands = operands[:fixed] + [d for item, d in pairs if item[0] == "lane"]   # (over lanes: kept)
         result = env[op.results[0].id]
         if op.op is Op.CONST and id(result) in self.recorded:
             return
         new_operands = [self.traced(t) for t in operands]
         self.region.ops.append(Operation(op.op, new_operands, [self.new_value(result)], attrs, [], op.loc))
+
+
+def _with_operands(key: tuple, dynamic: list) -> list[tuple]:
+    """Each key item with the dynamic operand it reads (None for an item that reads none)."""
+    it = iter(dynamic)
+    return [(item, next(it) if item[0] in ("dyn", "lane") else None) for item in key]
 
 
 def traced_graph(program: Program, inputs: Sequence[torch.Tensor]) -> Program:

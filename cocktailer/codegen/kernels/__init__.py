@@ -93,9 +93,11 @@ def supported(op: Operation) -> bool:
         return conv.supported(op)
     if kind in (Op.MAX_POOL2D, Op.AVG_POOL2D):
         return is_float(out) and op.operands[0].type.dtype == out
-    if kind in (Op.SELECT, Op.UPDATE):
+    if kind in (Op.SELECT, Op.UPDATE):   # a ("dyn",) index is 0-d, a ("lane",) one has one entry per lane
         first_dyn = 1 if kind is Op.SELECT else 2
-        return all(v.type.dtype in _INTEGER_INDEX and v.type.shape == () for v in op.operands[first_dyn:])
+        items = [item[0] for item in op.attrs["key"] if item[0] in ("dyn", "lane")]
+        return all(v.type.dtype in _INTEGER_INDEX and v.type.rank == (item == "lane")
+                   for v, item in zip(op.operands[first_dyn:], items))
     if kind is Op.GATHER:
         return op.operands[1].type.dtype in _INTEGER_INDEX
     if kind is Op.SCATTER:

@@ -152,7 +152,99 @@ def _view(op: Operation, x: Value, dynamic: list[Value], ctx: KernelContext):
     return checks, " + ".join(base) if base else "0", sizes, strides
 
 
+def _lane_view(op: Operation, x: Value, dynamic: list[Value], ctx: KernelContext):
+    """A key over lanes (`ir.ops.build_key`): x's first dim is the lanes' (the key's ("lanes",)),
+    and a ("lane",) item indexes a dim of each lane's own tensor by that lane's entry of its
+    operand. Resolves it into
+    (checks, the lane count, a C expression of lane k_l's base offset, the sizes and strides of
+    one lane's region). Every worker checks every lane's index, so all agree."""
+    syms = tuple(x.type.shape)
+    shape = c_shape(ctx, syms)
+    st = strides_of(shape)
+    checks, base, sizes, strides = ["int k_bad = 0;"], [product("k_l", st[0])], [], []
+    dim, dyn = 1, iter(dynamic)
+    for item in op.attrs["key"][1:]:
+        kind = item[0]
+        if kind == "lane":
+            ix = ctx.ptr(next(dyn))
+            checks.append(f"for (int64_t k_l = 0; k_l < {shape[0]}; ++k_l) "
+                          f"k_bad |= ck_wrap((int64_t){ix}[k_l], {shape[dim]}) < 0;")
+            base.append(f"ck_wrap((int64_t){ix}[k_l], {shape[dim]}) * {st[dim]}")
+            dim += 1
+        elif kind == "new":
+            sizes.append(1)
+            strides.append(0)
+        elif kind == "slice" and (isinstance(shape[dim], str) or takes_whole(item)):
+            if not takes_whole(item):
+                raise SymbolicSizeError(syms[dim], "a slice of part of a dim")
+            sizes.append(shape[dim])
+            strides.append(st[dim])
+            dim += 1
+        elif kind == "slice":
+            start, stop, step = slice(*item[1:]).indices(shape[dim])
+            sizes.append(len(range(start, stop, step)))
+            strides.append(product(step, st[dim]))
+            base.append(str(product(start, st[dim])))
+            dim += 1
+        else:   # "int", "dyn": the same index in every lane
+            index = f"(int64_t){ctx.ptr(next(dyn))}[0]" if kind == "dyn" else str(item[1])
+            checks.append(f"k_bad |= ck_wrap({index}, {shape[dim]}) < 0;")
+            base.append(f"ck_wrap({index}, {shape[dim]}) * {st[dim]}")
+            dim += 1
+    checks.append(f"if (k_bad) {ctx.fail('index out of range for its lane')}")
+    return checks, shape[0], " + ".join(base), sizes + list(shape[dim:]), strides + list(st[dim:])
+
+
+def _render_select_lanes(op: Operation, ctx: KernelContext) -> str:
+    """Each lane's own region of its own tensor: a split over the lanes."""
+    x, out = op.operands[0], op.results[0]
+    checks, lanes, base, sizes, strides = _lane_view(op, x, op.operands[1:], ctx)
+    region = numel(sizes)
+    if product(lanes, region) == 0:
+        return ""
+    read = convert(f"k_x[k_b + {offset_expr('k_r', sizes, strides)}]", x.type.dtype, out.type.dtype)
+    return block(*checks, f"const {ctype(x.type.dtype)}* k_x = {ctx.ptr(x)}; {ctype(out.type.dtype)}* k_y = {ctx.ptr(out)};",
+                 split(ctx, lanes, 1),
+                 "for (int64_t k_l = k_lo; k_l < k_hi; ++k_l) {",
+                 f"const int64_t k_b = {base};",
+                 f"for (int64_t k_r = 0; k_r < {region}; ++k_r) k_y[k_l * {region} + k_r] = {read};",
+                 "}")
+
+
+def _render_update_lanes(op: Operation, ctx: KernelContext) -> str:
+    """y = x with each lane's own region written: every worker copies its block of x, then
+    writes the elements of every lane's region that fall in that block (no barrier between)."""
+    x, v = op.operands[:2]
+    out = op.results[0]
+    n = numel(c_shape(ctx, out.type.shape))
+    checks, lanes, base, sizes, strides = _lane_view(op, x, op.operands[2:], ctx)
+    region = numel(sizes)
+    if n == 0 or region == 0:
+        return ""
+    T = ctype(out.type.dtype)
+    v_strides = broadcast_strides(c_shape(ctx, v.type.shape), [lanes, *sizes])
+    read = convert(f"k_v[{offset_expr(f'(k_l * {region} + k_r)', [lanes, *sizes], v_strides)}]",
+                   v.type.dtype, out.type.dtype)
+    return block(*checks, f"{T}* k_y = {ctx.ptr(out)}; const {T}* k_x = {ctx.ptr(x)};",
+                 f"const {ctype(v.type.dtype)}* k_v = {ctx.ptr(v)};",
+                 split(ctx, n, grain(out.type.dtype)),
+                 f"if (k_hi > k_lo && k_y != k_x) memcpy(k_y + k_lo, k_x + k_lo, (size_t)(k_hi - k_lo) * sizeof({T}));",
+                 f"for (int64_t k_l = 0; k_l < {lanes}; ++k_l) {{",
+                 f"const int64_t k_b = {base};",
+                 f"for (int64_t k_r = 0; k_r < {region}; ++k_r) {{",
+                 f"const int64_t k_s = k_b + {offset_expr('k_r', sizes, strides)};",
+                 f"if (k_s >= k_lo && k_s < k_hi) k_y[k_s] = {read};",
+                 "}", "}")
+
+
+def _over_lanes(op: Operation) -> bool:
+    key = op.attrs["key"]
+    return bool(key) and key[0][0] == "lanes"
+
+
 def render_select(op: Operation, ctx: KernelContext) -> str:
+    if _over_lanes(op):
+        return _render_select_lanes(op, ctx)
     x, out = op.operands[0], op.results[0]
     checks, base, sizes, strides = _view(op, x, op.operands[1:], ctx)
     assert str(numel(sizes)) == str(numel(c_shape(ctx, out.type.shape))), (sizes, out.type.shape)
@@ -160,6 +252,8 @@ def render_select(op: Operation, ctx: KernelContext) -> str:
 
 
 def render_update(op: Operation, ctx: KernelContext) -> str:
+    if _over_lanes(op):
+        return _render_update_lanes(op, ctx)
     x, v = op.operands[:2]
     out = op.results[0]
     n = numel(c_shape(ctx, out.type.shape))
