@@ -1067,6 +1067,112 @@ def test_a_loop_program_stops_at_max_iterations():
             batched([(randn(6, seed=0), torch.tensor(4)), (randn(6, seed=1), torch.tensor(11))])
 
 
+class StepUntil(nn.Module):
+    """A counted loop that also ends on a condition (`break`): each step reads a column of its
+    own state at an index of its own step, writes its state into a row of one buffer and its
+    argmax into a column of another."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.Linear(4, 4)
+
+    def forward(self, h, bound, budget):
+        rows = torch.zeros(12, 4)
+        marks = torch.zeros(1, 12, dtype=torch.long)
+        for t in range(budget):
+            g = h.view(2, 2)[:, t % 2]
+            h = torch.tanh(self.cell(h) + torch.cat([g, g])) + 0.3
+            rows[t] = h
+            marks[:, t] = h.argmax()
+            if h.sum() > bound:
+                break
+        return h, rows, marks
+
+
+class FillUntil(nn.Module):
+    """A while loop on a tensor condition and a count, writing a row of a buffer each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.Linear(4, 4)
+
+    def forward(self, h, bound):
+        rows = torch.zeros(40, 4)
+        i = 0
+        while i < 40 and h.sum() < bound:
+            h = torch.tanh(self.cell(h)) + 0.5
+            rows[i] = h
+            i += 1
+        return h, rows
+
+
+@native
+def test_loops_that_end_on_a_condition_run_every_step_in_one_native_call():
+    """A while loop, a loop with a `break`, and seq2seq's decoder stopping at each instance's
+    EOS: each is one call of the native while loop, which drops the instances whose condition
+    ends them step by step; none runs step by step from Python."""
+    batched = assert_batch_matches(UntilThreshold().eval(), [(randn(4, seed=k), torch.tensor(float(limit)))
+                                                             for k, limit in enumerate([0.5, 40, -1, 200, 9])])
+    assert batched.schedule.loop_programs == 1 and not batched.schedule.stepped_loops
+    instances = [(randn(4, seed=k), torch.tensor(float(bound)), torch.tensor(n))
+                 for k, (bound, n) in enumerate([(1.0, 12), (50.0, 12), (3.0, 5), (2.5, 1), (50.0, 7)])]
+    batched = assert_batch_matches(StepUntil().eval(), instances)
+    assert batched.schedule.loop_programs == 1 and not batched.schedule.stepped_loops
+    assert batched.schedule.loop_steps == 12
+    w = models.make("seq2seq", batch=1, size="small", seed=0)
+    instances = [w.inputs] + [models.make("seq2seq", batch=1, size="small", seed=s).inputs for s in range(1, 6)]
+    batched = assert_batch_matches(w.model.eval(), instances)
+    assert batched.schedule.loop_programs == 1 and not batched.schedule.stepped_loops
+
+
+@native
+def test_a_while_loop_runs_again_with_more_room_when_an_instance_outlasts_it():
+    """The while loop makes room for the steps the last batch needed; an instance still in the
+    loop when that runs out runs the loop again with more, from the same values (the buffer
+    the body writes in place is a fresh copy each time)."""
+    model = FillUntil().eval()
+    instances = [(randn(4, seed=k), torch.tensor(float(bound))) for k, bound in enumerate([0.5, 3.0, 100.0, -5.0, 9.0])]
+    batched = assert_batch_matches(model, instances[:1])
+    (loop,) = _loop_programs(batched)
+    assert loop.kept   # the rows buffer, written in place
+    loop.steps_cap = 2
+    with torch.no_grad():
+        outs = batched(instances)
+        for k, (out, args) in enumerate(zip(outs, instances)):
+            assert_same(out, model(*args), rtol=1e-4, atol=1e-5, path=f"instance {k}")
+    assert loop.steps_cap == 128 and batched.schedule.loop_steps == 40
+
+
+@native
+def test_a_while_loop_names_the_instances_past_max_iterations_or_their_own_rows():
+    batched = cocktailer.batch(UntilThreshold().eval(), (randn(4, seed=0), torch.tensor(3.0)), max_iterations=10)
+    with torch.no_grad():
+        batched([(randn(4, seed=0), torch.tensor(3.0)), (randn(4, seed=1), torch.tensor(5.0))])
+        assert batched.schedule.loop_programs == 1
+        with pytest.raises(cocktailer.BatchInputError, match=r"instance 1: .*max_iterations option allows \(10\)"):
+            batched([(randn(4, seed=0), torch.tensor(3.0)), (randn(4, seed=1), torch.tensor(500.0))])
+    model = SumUntil().eval()
+    instances = [(randn(n, 3, seed=n), torch.tensor(float(bound))) for n, bound in [(6, 2.0), (3, 1e9), (9, 4.0)]]
+    batched = assert_batch_matches(model, [instances[0], instances[2]])
+    assert batched.schedule.loop_programs == 1 and not batched.schedule.stepped_loops
+    with pytest.raises(cocktailer.BatchInputError, match="instance 1: IndexError") as e:
+        with torch.no_grad():
+            batched(instances)
+    assert e.value.positions == [1]
+
+
+class SumUntil(nn.Module):
+    """Adds its rows until their sum passes a bound: past its last row, an IndexError."""
+
+    def forward(self, xs, bound):
+        total = torch.zeros(3)
+        i = 0
+        while total.sum() < bound:
+            total = total + xs[i].abs()
+            i += 1
+        return total
+
+
 @native
 def test_weights_moved_out_of_loops_are_constants_of_the_native_code():
     """Loop-invariant code motion moves a cell's weights out of its loop; inside a loop program

@@ -7,9 +7,10 @@
 - Native inspectors (`cocktailer.codegen.inspector`): a recursive function's control slice as
   one C function that finds every call of every instance and its height.
 - The level loop (`cocktailer.codegen.level_loop`): one C function that runs a recursion's
-  levels, calling each group's level program (a native block's entry point); and the round
-  loop beside it, which runs every round of an inspector whose control slice computes with
-  tensors (`batching.rounds`).
+  levels, calling each group's level program (a native block's entry point); beside it the
+  round loop, which runs every round of an inspector whose control slice computes with tensors
+  (`batching.rounds`), and the while loop, which runs a loop that ends on a condition
+  (`batching.loops`).
 """
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ import torch
 from cocktailer.backend.config import Config
 from cocktailer.backend.native import UP_TO_RENDER, Build, Part, build_parts
 from cocktailer.backend.record import Record
-from cocktailer.errors import CompiledCallError
+from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
 from cocktailer.ir import Program
 from cocktailer.codegen.inspector import InspectorSource, render_inspector
 from cocktailer.codegen.level_loop import (LEVEL_LOOP_SOURCE, LOOP_FAILED, LOOP_OUT_OF_RANGE, MAX_PATHS, ROUNDS_DEEP,
-                                          ROUNDS_FULL)
+                                          ROUNDS_FULL, WHILE_ITERATIONS)
 from cocktailer.runtime.compiler import compile_shared_library, load_library
 from cocktailer.runtime.native import ERR_SIZES, CompiledProgram, default_workers
 
@@ -83,21 +84,31 @@ class RoundsLayout(ctypes.Structure):
                 ("order", ctypes.c_void_p)]
 
 
+class WhileLayout(ctypes.Structure):
+    """What the while loop reads (`ck_while_t`)."""
+    _fields_ = [("count", ctypes.c_int64), ("steps_cap", ctypes.c_int64), ("max_iterations", ctypes.c_int64),
+                ("trips", ctypes.c_void_p), ("cond", ctypes.c_void_p), ("body", ctypes.c_void_p),
+                ("go", ctypes.c_void_p), ("counter", ctypes.c_void_p), ("holder", ctypes.c_void_p),
+                ("lane_at", ctypes.c_void_p), ("source", ctypes.c_void_p), ("final_row", ctypes.c_void_p),
+                ("ran", ctypes.c_void_p)]
+
+
 _library = None
 
 
 def _loops():
-    """The library of `ck_run_levels` and `ck_run_rounds`, compiled once per process (and cached
-    on disk)."""
+    """The library of `ck_run_levels`, `ck_run_rounds` and `ck_run_while`, compiled once per
+    process (and cached on disk)."""
     global _library
     if _library is None:
         path, _ = compile_shared_library(LEVEL_LOOP_SOURCE)
         library = load_library(path, LEVEL_LOOP_SOURCE)
-        library.ck_run_levels.restype = library.ck_run_rounds.restype = ctypes.c_int64
+        library.ck_run_levels.restype = library.ck_run_rounds.restype = library.ck_run_while.restype = ctypes.c_int64
         library.ck_run_levels.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                           ctypes.c_void_p, ctypes.c_void_p]
         library.ck_run_rounds.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                           ctypes.c_void_p]
+        library.ck_run_while.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         _library = library
     return _library
 
@@ -193,6 +204,35 @@ class LevelRun:
         if status == LOOP_OUT_OF_RANGE:
             raise IndexError("an index is out of range for its instance's own size")
         return int(found)
+
+    def run_while(self, cond: int, body: int, count: int, trips: torch.Tensor | None, max_iterations: int | None,
+                  go: torch.Tensor, counter: torch.Tensor, holder: torch.Tensor, lane_at: torch.Tensor,
+                  source: torch.Tensor, final_row: torch.Tensor, ran: torch.Tensor, steps: int) -> bool:
+        """Run the while loop (`codegen.level_loop`) of the bound programs `cond` (a byte per row
+        in `go`) and `body` over the per-row and per-lane tensors it fills. Returns False where a
+        lane was still in the loop after `steps` steps, the room made (run again with more);
+        raises past `max_iterations` steps, for an index out of range, and what a failing
+        entry's error code means."""
+        layout = WhileLayout(count, steps, -1 if max_iterations is None else max_iterations,
+                             None if trips is None else trips.data_ptr(),
+                             ctypes.addressof(cond_entry := LevelEntry.from_buffer_copy(self.entries[cond])),
+                             ctypes.addressof(body_entry := LevelEntry.from_buffer_copy(self.entries[body])),
+                             go.data_ptr(), counter.data_ptr(), holder.data_ptr(), lane_at.data_ptr(),
+                             source.data_ptr(), final_row.data_ptr(), ran.data_ptr())
+        failed = torch.zeros(3, dtype=torch.int64)
+        status = self._timed(lambda workers, preempted: _loops().ck_run_while(
+            ctypes.addressof(layout), workers, failed.data_ptr(), preempted))
+        del cond_entry, body_entry   # (alive until the call returned)
+        if status == ROUNDS_FULL:
+            return False
+        if status == WHILE_ITERATIONS:
+            raise CompiledCallError(f"{ITERATIONS_EXCEEDED} ({max_iterations})")
+        _, code, which = failed.tolist()
+        if status == LOOP_FAILED:
+            self.programs[body if which else cond].raise_error(code)
+        if status == LOOP_OUT_OF_RANGE:
+            raise IndexError("an index is out of range for its instance's own size")
+        return True
 
     def _timed(self, call) -> int:
         """`call(workers, preempted)`, on the workers the programs choose, its time and

@@ -30,7 +30,7 @@ from cocktailer.backend.batched import build_blocks
 from cocktailer.batching.blocks import Block, batched_program, lane_mask, lane_varying, run_block, segments
 from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect, slice_branches
 from cocktailer.batching.levels import LevelProgram, level_inputs, level_program, run_level_loop
-from cocktailer.batching.loops import LoopProgram, loop_program, run_loop_program
+from cocktailer.batching.loops import LoopProgram, loop_program, run_loop_program, run_while_program
 from cocktailer.batching.lanes import (ARMS, CALLS, CHECKED, HIDDEN, RULES, SHARED_BY_LANES, SIZES, Lanes, Packed,
                                       RowLayout, Split, Table, apply, matmul_per_lane, merged, rows, take)
 from cocktailer.batching.ragged import constant_indices, masked_operands, padding_fill, ragged_syms
@@ -61,8 +61,8 @@ class Techniques:
     #                                native programs (else the executor runs each round)
     level_programs: bool = True    # a level's calls that take the same arms as one native call (else op by op)
     level_loop: bool = True        # a recursion's level programs called by one native loop (else from Python)
-    loop_programs: bool = True     # a counted loop with a straight-line body, every step, as one native call
-    #                                (else Python runs each step)
+    loop_programs: bool = True     # a loop with a straight-line body, every step, as one native call: counted,
+    #                                or ending on a condition (else Python runs each step)
     block_masks: bool = True       # a softmax or product that reads padding masks it inside its native block
     #                                (else it runs as a torch op, masked by the executor)
     packed_rows: bool = True       # position-wise blocks over a ragged size compute on the instances' real rows
@@ -527,16 +527,20 @@ class BatchedExecutor:
                        for j, r in enumerate(op.results[len(outs):])]
 
     def _run_loop_program(self, loop: LoopProgram, op: Operation, env: dict, count: int, trip) -> list:
-        trips = trip.rows() if isinstance(trip, Lanes) else trip.reshape(1).expand(count)
-        steps = int(trips.max())
-        if self.max_iterations is not None and steps > self.max_iterations:
-            raise CompiledCallError(f"{ITERATIONS_EXCEEDED} ({self.max_iterations})")
+        trips = None if trip is None else (trip.rows() if isinstance(trip, Lanes) else trip.reshape(1).expand(count))
+        trips = None if trips is None else trips.to(torch.int64)
         sizes = env[SIZES].rows() if SIZES in env else None
         device = torch.device(self.program.device)
         carried = [env[v.id] for v in op.loop_inits]
-        outs = run_loop_program(loop, env, count, trips.to(torch.int64), steps, carried, sizes,
-                                # (a loop's tables are dead when its run returns: its next run reuses them)
-                                lambda k, shape, dtype: self.workspace.take(("loop", id(op), k), shape, dtype, device))
+        # (a loop's tables are dead when its run returns: its next run reuses them)
+        table = lambda k, shape, dtype: self.workspace.take(("loop", id(op), k), shape, dtype, device)   # noqa: E731
+        if loop.cond is not None:
+            outs, steps = run_while_program(loop, env, count, trips, carried, sizes, table, self.max_iterations)
+        else:
+            steps = int(trips.max())
+            if self.max_iterations is not None and steps > self.max_iterations:
+                raise CompiledCallError(f"{ITERATIONS_EXCEEDED} ({self.max_iterations})")
+            outs = run_loop_program(loop, env, count, trips, steps, carried, sizes, table)
         self.schedule.loop_programs += 1
         self.schedule.loop_steps += max(steps, 0)
         return outs

@@ -31,8 +31,19 @@ loop's control flow inside the compiled code; the shrinking active set is ACROBA
   the body indexes it (`x[t]`), one row of it read in the kernel (the gather fused), counted
   from the lane's own end when negative and checked against the lane's own size.
 
-A loop this cannot hold (it ends on a condition, holds a loop or a call, or a branch inside a
-branch or decided by a carried value) runs step by step in the executor, as before.
+A branch whose arms compute nothing, only choose between two values (`stop = True if
+done.all() else stop`), is no branch here: each lane takes its value by a WHERE.
+
+A loop that ends on a condition (`while not done`, a decoder's EOS) has a program of its
+condition too, and runs in the native while loop (`codegen.level_loop`): no layout is known
+before it runs, so the loop decides step by step which lanes stay (the condition over the rows
+of block t), compacts them to the front of the step's rows, and the body reads each one's
+carried values through an index (`source`), as a branchy counted loop does. Its body must hold
+no other branch. Where a lane is still in the loop after the blocks there is room for, it runs
+again with four times as many (kept for the next batch).
+
+A loop this cannot hold (it holds a loop or a call, a branch inside a branch or decided by a
+carried value, or ends on a condition and branches) runs step by step in the executor, as before.
 """
 from __future__ import annotations
 
@@ -43,7 +54,7 @@ import torch
 from cocktailer.backend.batched import LevelRun
 from cocktailer.batching.blocks import LANES, constant_source
 from cocktailer.batching.lanes import Lanes, Table, rows
-from cocktailer.batching.levels import LevelProgram, Straight, condition_slice, one_row
+from cocktailer.batching.levels import LevelProgram, Straight, chooses_only, condition_slice, one_row
 from cocktailer.ir import Op, Operation, Program, Region, TensorType, Value
 
 MAX_BRANCHES = 3   # branches in a loop body a loop program decides: one program per set of arms, 2**n
@@ -55,14 +66,17 @@ class LoopProgram:
     paths: dict[int, LevelProgram]   # the body for the lanes that take the arms `path` (bit b: the first arm
     #                                  of the body's b-th branch); {0: body} where it has none
     decide: LevelProgram | None      # the branches' conditions, for any (step, lane) rows; None: no branch
+    cond: LevelProgram | None        # the loop's own condition, for the rows of one step; None: a counted loop
     outside: list[Value]             # the values the body reads from outside the loop (`("whole" | "table" | "shared", j)`)
     types: list[TensorType]          # the body's yields, one lane's: the carried values, then the stacked ones
     carried: int                     # how many of its yields are carried values
     kept: frozenset[int]             # the carried values kept in a buffer written in place
+    steps_cap: int = 64              # a loop with a condition: the steps it makes room for (grows, and is kept)
 
     @property
     def levels(self) -> list[LevelProgram]:
-        return [*([self.decide] if self.decide is not None else []), *self.paths.values()]
+        return [*([self.decide] if self.decide is not None else []), *([self.cond] if self.cond is not None else []),
+                *self.paths.values()]
 
 
 def loop_program(op: Operation, program: Program, ragged: list, varying: set[int],
@@ -70,25 +84,44 @@ def loop_program(op: Operation, program: Program, ragged: list, varying: set[int
     """The loop program of `op` (not yet compiled). Raises NotImplementedError (why) where the
     loop has none. `varying`: the ids of the values that may differ by lane; `producers`: the
     op that defines each value, by id."""
-    if op.loop_cond is not None:
-        raise NotImplementedError("the loop ends on a condition, not a count")
     body = op.loop_body
-    branches = [o for o in body.ops if o.op is Op.IF]
+    branches = [o for o in body.ops if o.op is Op.IF and not chooses_only(o)]
     if len(branches) > MAX_BRANCHES:
         raise NotImplementedError(f"the body holds more than {MAX_BRANCHES} branches")
+    if op.loop_cond is not None and branches:
+        raise NotImplementedError("the loop ends on a condition and its body branches")
+    if op.loop_cond is not None and op.loop_stacked:   # (the frontend stacks lists only for counted loops)
+        raise NotImplementedError("the loop ends on a condition and stacks a value per step")
     carried = len(op.loop_inits)
     kept = frozenset(k for k, p in enumerate(body.params[1:]) if _rows_only(p, k, body))
-    outer = {body.params[0].id: ("arg", 0)}   # the counter
-    for k, p in enumerate(body.params[1:]):
-        outer[p.id] = ("buffer", k) if k in kept else ("carried", k) if branches else ("arg", k + 1)
-    outside = body.outside_reads()
+    if op.loop_cond is not None:
+        kept = frozenset(k for k in kept if _rows_only(op.loop_cond.params[1 + k], k, op.loop_cond, carries=False))
+    outside = list({v.id: v for region in [body, *([op.loop_cond] if op.loop_cond else [])]
+                    for v in region.outside_reads()}.values())
+    shared = {}
     for j, v in enumerate(outside):
         source = constant_source(v, producers)
-        outer[v.id] = ("stacked", j) if v.id in varying else ("const", source) if source else ("shared", j)
+        shared[v.id] = ("stacked", j) if v.id in varying else ("const", source) if source else ("shared", j)
+    by_index = branches or op.loop_cond is not None   # lanes change order between steps
+    outer = {**shared, body.params[0].id: ("arg", 0)}   # the counter
+    for k, p in enumerate(body.params[1:]):
+        outer[p.id] = ("buffer", k) if k in kept else ("carried", k) if by_index else ("arg", k + 1)
     paths = {path: _body(body, program, ragged, outer, {id(b): bool(path >> i & 1) for i, b in enumerate(branches)})
              for path in range(2 ** len(branches))}
     decide = _decider(body, branches, program, ragged, outer) if branches else None
-    return LoopProgram(paths, decide, outside, [y.type for y in body.yields], carried, kept)
+    cond = _condition(op.loop_cond, program, ragged, shared, kept) if op.loop_cond is not None else None
+    return LoopProgram(paths, decide, cond, outside, [y.type for y in body.yields], carried, kept)
+
+
+def _condition(region: Region, program: Program, ragged: list, shared: dict, kept: frozenset) -> LevelProgram:
+    """The program of the loop's condition over the rows of one step, each lane's carried values
+    read from its row as they are (those kept in a buffer, from the buffer)."""
+    outer = {**shared, region.params[0].id: ("arg", 0)}
+    for k, p in enumerate(region.params[1:]):
+        outer[p.id] = ("buffer", k) if k in kept else ("arg", k + 1)
+    straight = Straight(region, program, ragged, outer)
+    straight.value(region.params[0])   # the counter: an input of one row per (step, lane) gives the lane count
+    return _counted_lanes(straight.build())
 
 
 def _body(body: Region, program: Program, ragged: list, outer: dict, taken: dict) -> LevelProgram:
@@ -116,9 +149,10 @@ def _decider(body: Region, branches: list[Operation], program: Program, ragged: 
     return _counted_lanes(straight.build())
 
 
-def _rows_only(p: Value, k: int, body: Region) -> bool:
+def _rows_only(p: Value, k: int, body: Region, carries: bool = True) -> bool:
     """Whether the body uses carried value `p` (k-th) only a row at a time (`p[i]`, `p[i] = x`,
-    through the branches it passes) and carries its last version on as value k."""
+    through the branches it passes) and, where it `carries`, carries its last version on as
+    value k (a loop's condition carries nothing)."""
     if p.type.rank < 1:
         return False
     versions = {p.id}
@@ -143,6 +177,8 @@ def _rows_only(p: Value, k: int, body: Region) -> bool:
                 return False
         return True
 
+    if not carries:
+        return region_ok(body) and not any(y.id in versions for y in body.yields)
     return region_ok(body) and body.yields[k].id in versions and \
         all(y.id not in versions for n, y in enumerate(body.yields) if n != k)
 
@@ -202,15 +238,7 @@ def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tens
     active, stacked = _active(trips, steps), {}
     path = _decide(loop, env, count, active, per_lane_sizes, stacked) if loop.decide is not None else None
     layout = _layout(trips, steps, count, active, path)
-    tables = []
-    for k, value in enumerate(carried):
-        value = rows(value, count)
-        if k in loop.kept:   # its own memory: it is returned
-            tables.append(value.clone(memory_format=torch.contiguous_format).view(-1, *value.shape[2:]))
-            continue
-        t = table(k, ((steps + 1) * count, *value.shape[1:]), value.dtype)
-        torch.index_select(value, 0, layout.order, out=t[:count])
-        tables.append(t)
+    tables = _carried_tables(loop, carried, count, steps, layout.order, table)
     per_step = [table(loop.carried + j, (steps * count, *ty.shape), ty.dtype) for j, ty in enumerate(stacked_types)]
     counter = torch.arange(steps).repeat_interleave(count)
     per_row = {"counter": counter, "root": layout.lane_at,   # (sources: only where lanes change order)
@@ -219,8 +247,7 @@ def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tens
     for p in sorted({p for _, _, p in layout.groups}):
         level = loop.paths[p]
         inputs, advancing = _inputs(level, loop, env, count, per_row, tables, per_lane_sizes, stacked)
-        outputs = [tables[i] if kind == "buffer" else tables[i][count:] if i < loop.carried else
-                   per_step[i - loop.carried] for kind, i in level.outputs]
+        outputs = _outputs(level, loop, tables, per_step, count)
         widest = max(end - start for start, end, q in layout.groups if q == p)
         index[p] = run.add(level.compiled, inputs, advancing, widest, outputs, level.checks,
                            [kind != "buffer" for kind, _ in level.outputs])
@@ -230,6 +257,66 @@ def run_loop_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tens
     final = torch.where(trips > 0, trips * count + layout.row_of[(trips - 1).clamp(min=0), lanes], layout.slot)
     return [Lanes(t.view(count, -1, *t.shape[1:]) if k in loop.kept else t.index_select(0, final))
             for k, t in enumerate(tables)] + [_by_lane(t, steps, count, layout, trips) for t in per_step]
+
+
+def run_while_program(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor | None, carried: list,
+                      per_lane_sizes: torch.Tensor | None, table, max_iterations: int | None) -> tuple[list, int]:
+    """The carried values of a loop that ends on a condition (`loop.cond`) when every lane has
+    left it, and the steps it ran; `trips`: each lane's trip count too, where the loop has one. Where a
+    lane is still in the loop after the steps there is room for, again with four times as many
+    (kept for the next batch): the body writes only the tables and fresh copies of the buffers
+    it keeps, so a run again starts from the same values."""
+    while True:
+        steps = loop.steps_cap if trips is None else max(int(trips.max()), 0)
+        done = _run_while(loop, env, count, trips, carried, per_lane_sizes, table, max_iterations, steps)
+        if done is not None:
+            return done
+        loop.steps_cap *= 4
+
+
+def _run_while(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor | None, carried: list,
+               per_lane_sizes, table, max_iterations: int | None, steps: int) -> tuple[list, int] | None:
+    tables = _carried_tables(loop, carried, count, steps, torch.arange(count), table)
+    rows_ = (steps + 1) * count
+    counter, holder, lane_at, source = (torch.zeros(rows_, dtype=torch.int64) for _ in range(4))
+    go = torch.empty(rows_, dtype=torch.bool)
+    final_row, ran = torch.empty(count, dtype=torch.int64), torch.empty(count, dtype=torch.int64)
+    run, stacked = LevelRun(), {}
+    inputs, advancing = _inputs(loop.cond, loop, env, count, {"counter": counter, "root": holder}, tables,
+                                per_lane_sizes, stacked)
+    cond = run.add(loop.cond.compiled, inputs, advancing, count, [go], loop.cond.checks)
+    (level,) = loop.paths.values()
+    inputs, advancing = _inputs(level, loop, env, count, {"counter": counter, "root": lane_at, "source": source},
+                                tables, per_lane_sizes, stacked)
+    body = run.add(level.compiled, inputs, advancing, count, _outputs(level, loop, tables, [], count),
+                   level.checks, [kind != "buffer" for kind, _ in level.outputs])
+    if not run.run_while(cond, body, count, None if trips is None else trips.contiguous(), max_iterations, go,
+                         counter, holder, lane_at, source, final_row, ran, steps):
+        return None
+    return ([Lanes(t.view(count, -1, *t.shape[1:]) if k in loop.kept else t.index_select(0, final_row))
+             for k, t in enumerate(tables)], int(ran.max()) if count else 0)
+
+
+def _carried_tables(loop: LoopProgram, carried: list, count: int, steps: int, order: torch.Tensor, table) -> list:
+    """A table of steps + 1 blocks of `count` rows per carried value, block 0 its initial value
+    of each lane in `order`; a buffer kept in place as its own copy (it is returned)."""
+    tables = []
+    for k, value in enumerate(carried):
+        value = rows(value, count)
+        if k in loop.kept:
+            tables.append(value.clone(memory_format=torch.contiguous_format).view(-1, *value.shape[2:]))
+            continue
+        t = table(k, ((steps + 1) * count, *value.shape[1:]), value.dtype)
+        torch.index_select(value, 0, order, out=t[:count])
+        tables.append(t)
+    return tables
+
+
+def _outputs(level: LevelProgram, loop: LoopProgram, tables: list, per_step: list, count: int) -> list:
+    """Where the body's outputs go: a carried value's table from block 1 (step t writes block
+    t + 1), a kept buffer in place, a stacked value's table from block 0."""
+    return [tables[i] if kind == "buffer" else tables[i][count:] if i < loop.carried else per_step[i - loop.carried]
+            for kind, i in level.outputs]
 
 
 def _decide(loop: LoopProgram, env: dict, count: int, active: tuple, per_lane_sizes, stacked: dict) -> torch.Tensor:

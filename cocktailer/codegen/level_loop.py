@@ -43,10 +43,29 @@ Returns LOOP_DONE (`found[0]` calls), LOOP_FAILED, LOOP_OUT_OF_RANGE (`failed[0]
 ROUNDS_FULL (more calls than `calls_cap`, or a round wider than `lanes_cap`: the caller binds
 again with more room) or ROUNDS_DEEP (more rounds than `max_rounds`).
 
+The while loop: a loop that ends on a condition each lane computes from what the loop carries
+(a decoder's EOS), every step in native code (`batching.loops`: the lanes' carried values in a
+table of a block of `count` rows per step; step t reads block t and writes block t+1). Block t
+holds, in its first rows, the lanes still in the loop when step t - 1 ended (`holder`: which
+lane each row is). For each step the loop calls
+
+- the condition program over those rows, one byte per row in `go` (and a lane also leaves once
+  t reaches its own trip count, where the loop has one): a lane that leaves keeps its values
+  where they are (`final_row`, after `ran` steps);
+- the body over the lanes that stay, compacted: body row i of step t is lane `lane_at`, reads
+  its carried values from row `source` through an index (the gather fused into the kernel) and
+  writes row i of block t+1.
+
+    int64_t ck_run_while(const ck_while_t* W, int nw, int64_t* failed, int64_t* preempted)
+
+Returns LOOP_DONE, LOOP_FAILED (`failed[0]`: the step, `failed[1]` the code, `failed[2]` 0: the
+condition's program, 1: the body's), LOOP_OUT_OF_RANGE, ROUNDS_FULL (a lane is still in the
+loop after `steps_cap` steps: the caller runs it again with more blocks) or WHILE_ITERATIONS
+(a lane is still in the loop after `max_iterations` steps, where that is not negative).
 """
 from __future__ import annotations
 
-LOOP_DONE, LOOP_FAILED, LOOP_OUT_OF_RANGE, ROUNDS_FULL, ROUNDS_DEEP = 0, 1, 2, 3, 4
+LOOP_DONE, LOOP_FAILED, LOOP_OUT_OF_RANGE, ROUNDS_FULL, ROUNDS_DEEP, WHILE_ITERATIONS = 0, 1, 2, 3, 4, 5
 MAX_PATHS = 8   # paths a round loop decides between (three branches)
 
 LEVEL_LOOP_SOURCE = f"""
@@ -176,5 +195,53 @@ int64_t ck_run_rounds(const ck_rounds_t* R, int nw, int64_t* found, int64_t* fai
   }}
   found[0] = total;
   return {LOOP_DONE};
+}}
+
+typedef struct {{
+  int64_t count, steps_cap, max_iterations;   /* max_iterations < 0: no limit */
+  const int64_t* trips;                        /* each lane's trip count; NULL: none */
+  const ck_level_t* cond;
+  const ck_level_t* body;
+  const char* go;                              /* the condition's output: a byte per row */
+  int64_t *counter, *holder, *lane_at, *source;   /* a row per (block, lane): (steps_cap + 1) * count */
+  int64_t *final_row, *ran;                    /* per lane */
+}} ck_while_t;
+
+static void ck_point(const ck_level_t* L, int64_t start) {{
+  for (int64_t k = 0; k < L->outputs; k++) L->out[k] = L->out_base[k] + start * L->out_stride[k];
+}}
+
+int64_t ck_run_while(const ck_while_t* W, int nw, int64_t* failed, int64_t* preempted) {{
+  const int64_t L = W->count;
+  int64_t n = L;
+  for (int64_t r = 0; r < L; r++) W->holder[r] = r;
+  for (int64_t t = 0;; t++) {{
+    const int64_t block = t * L;
+    failed[0] = t;
+    for (int64_t r = 0; r < n; r++) W->counter[block + r] = t;
+    ck_point(W->cond, block);
+    int64_t code = ck_call(W->cond, block, n, nw, preempted);
+    failed[2] = 0;
+    if (code) {{ failed[1] = code; return {LOOP_FAILED}; }}
+    if (ck_flagged(W->cond)) return {LOOP_OUT_OF_RANGE};
+    int64_t m = 0;
+    for (int64_t r = 0; r < n; r++) {{
+      const int64_t row = block + r, lane = W->holder[row];
+      if ((W->trips && t >= W->trips[lane]) || !W->go[row]) {{ W->final_row[lane] = row; W->ran[lane] = t; continue; }}
+      W->lane_at[block + m] = lane;
+      W->source[block + m] = row;
+      m++;
+    }}
+    if (!m) return {LOOP_DONE};
+    if (W->max_iterations >= 0 && t >= W->max_iterations) return {WHILE_ITERATIONS};
+    if (t >= W->steps_cap) return {ROUNDS_FULL};
+    ck_point(W->body, block);
+    code = ck_call(W->body, block, m, nw, preempted);
+    failed[2] = 1;
+    if (code) {{ failed[1] = code; return {LOOP_FAILED}; }}
+    if (ck_flagged(W->body)) return {LOOP_OUT_OF_RANGE};
+    for (int64_t i = 0; i < m; i++) W->holder[block + L + i] = W->lane_at[block + i];
+    n = m;
+  }}
 }}
 """
