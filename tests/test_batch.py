@@ -1173,6 +1173,60 @@ class SumUntil(nn.Module):
         return total
 
 
+class NestedSteps(nn.Module):
+    """A loop over rows whose body holds a loop of the row's own count: the inner body reads the
+    outer carried value, a value the outer body made before it, and its own counter; after it,
+    the outer body reads the inner result and that value again. `peek` rows are read at the
+    inner counter, past the instance's own rows where its counts are too large."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, xs, counts, peek):
+        h = torch.zeros(4)
+        for t in range(xs.shape[0]):
+            x = xs[t] * 2
+            g = h
+            for s in range(counts[t]):
+                g = torch.tanh(self.a(g) + x + h * 0.1 + peek[s] + s * 0.01)
+            h = torch.tanh(self.b(g) + x)
+        return h
+
+
+@native
+def test_a_loop_holding_a_loop_runs_every_step_in_one_native_call():
+    """Rows of 0 to 9, inner counts of 0 to 7 (instances leave the inner loop at different steps
+    within one outer step, and the outer loop at different steps): one nested program, nothing
+    stepped from Python; then NestedRNN the same."""
+    g = torch.Generator().manual_seed(5)
+    instances = [(randn(n, 4, seed=n), torch.randint(0, 8, (n,), generator=g), randn(7, 4, seed=20 + n))
+                 for n in (3, 9, 1, 0, 5, 9)]
+    batched = assert_batch_matches(NestedSteps().eval(), instances)
+    assert batched.schedule.loop_programs == 1 and not batched.schedule.stepped_loops
+    from cocktailer.batching.loops import NestedProgram
+    assert any(isinstance(loop, NestedProgram) for executor in batched._executors.values()
+               for loop in executor._loops.values())
+    from cocktailer.models.throughput import nestedrnn_instances
+    model, instances = nestedrnn_instances(6, "small", seed=2)
+    batched = assert_batch_matches(model, instances)
+    assert batched.schedule.loop_programs == 1 and not batched.schedule.stepped_loops
+
+
+@native
+def test_a_nested_loop_names_the_instances_that_index_past_their_own_rows():
+    short = (randn(2, 4, seed=1), torch.tensor([3, 6]), randn(4, 4, seed=2))   # peek[4], peek[5]: past its 4 rows
+    fine = [(randn(3, 4, seed=3), torch.tensor([2, 0, 4]), randn(5, 4, seed=4)),
+            (randn(1, 4, seed=5), torch.tensor([1]), randn(1, 4, seed=6))]
+    batched = assert_batch_matches(NestedSteps().eval(), fine)
+    assert batched.schedule.loop_programs == 1
+    with pytest.raises(cocktailer.BatchInputError, match="instance 1: IndexError") as e:
+        with torch.no_grad():
+            batched([fine[0], short, fine[1]])
+    assert e.value.positions == [1]
+
+
 @native
 def test_weights_moved_out_of_loops_are_constants_of_the_native_code():
     """Loop-invariant code motion moves a cell's weights out of its loop; inside a loop program

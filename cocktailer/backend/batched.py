@@ -93,22 +93,35 @@ class WhileLayout(ctypes.Structure):
                 ("ran", ctypes.c_void_p)]
 
 
+class NestedLayout(ctypes.Structure):
+    """What the nested loop reads (`ck_nested_t`)."""
+    _fields_ = [("count", ctypes.c_int64), ("steps", ctypes.c_int64), ("active", ctypes.c_void_p),
+                ("pre", ctypes.c_void_p), ("inner", ctypes.c_void_p), ("post", ctypes.c_void_p),
+                ("trips", ctypes.c_void_p), ("inits", ctypes.c_int64), ("init_from", ctypes.c_void_p),
+                ("carried", ctypes.c_void_p), ("row_bytes", ctypes.c_void_p), ("counter", ctypes.c_void_p),
+                ("lane", ctypes.c_void_p), ("source", ctypes.c_void_p), ("outer_row", ctypes.c_void_p),
+                ("lane_at", ctypes.c_void_p), ("final", ctypes.c_void_p), ("at", ctypes.c_void_p),
+                ("order", ctypes.c_void_p)]
+
+
 _library = None
 
 
 def _loops():
-    """The library of `ck_run_levels`, `ck_run_rounds` and `ck_run_while`, compiled once per
-    process (and cached on disk)."""
+    """The library of the native loops (`ck_run_levels`, `ck_run_rounds`, `ck_run_while`,
+    `ck_run_nested`), compiled once per process (and cached on disk)."""
     global _library
     if _library is None:
         path, _ = compile_shared_library(LEVEL_LOOP_SOURCE)
         library = load_library(path, LEVEL_LOOP_SOURCE)
-        library.ck_run_levels.restype = library.ck_run_rounds.restype = library.ck_run_while.restype = ctypes.c_int64
+        for entry in (library.ck_run_levels, library.ck_run_rounds, library.ck_run_while, library.ck_run_nested):
+            entry.restype = ctypes.c_int64
         library.ck_run_levels.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                           ctypes.c_void_p, ctypes.c_void_p]
         library.ck_run_rounds.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                           ctypes.c_void_p]
-        library.ck_run_while.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        library.ck_run_while.argtypes = library.ck_run_nested.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                                                          ctypes.c_void_p]
         _library = library
     return _library
 
@@ -233,6 +246,33 @@ class LevelRun:
         if status == LOOP_OUT_OF_RANGE:
             raise IndexError("an index is out of range for its instance's own size")
         return True
+
+    def run_nested(self, programs: tuple[int, int, int], count: int, active: torch.Tensor, trips: torch.Tensor,
+                   inits: list[torch.Tensor], carried: list[torch.Tensor], per_row: list[torch.Tensor],
+                   lane_at: torch.Tensor, final: torch.Tensor):
+        """Run the nested loop (`codegen.level_loop`) of the bound programs (pre, inner, post):
+        `active` lanes per outer step, pre's inner `trips` and `inits` (one row per outer row),
+        the inner loop's `carried` tables, its body's `per_row` inputs (counter, lane, source,
+        outer row); fills `final`. Raises for an index out of range, and what a failing
+        entry's error code means."""
+        entries = [LevelEntry.from_buffer_copy(self.entries[k]) for k in programs]
+        scratch = torch.empty(2, count, dtype=torch.int64)
+        layout = NestedLayout(count, len(active), active.data_ptr(), *[ctypes.addressof(e) for e in entries],
+                              trips.data_ptr(), len(inits),
+                              ctypes.addressof(init_at := _pointers([t.data_ptr() for t in inits])),
+                              ctypes.addressof(carried_at := _pointers([t.data_ptr() for t in carried])),
+                              (row_bytes := _strides([t.stride(0) * t.element_size() for t in carried])).data_ptr(),
+                              *[t.data_ptr() for t in per_row], lane_at.data_ptr(), final.data_ptr(),
+                              scratch[0].data_ptr(), scratch[1].data_ptr())
+        failed = torch.zeros(3, dtype=torch.int64)
+        status = self._timed(lambda workers, preempted: _loops().ck_run_nested(
+            ctypes.addressof(layout), workers, failed.data_ptr(), preempted))
+        del entries, init_at, carried_at, row_bytes   # (alive until the call returned)
+        _, code, which = failed.tolist()
+        if status == LOOP_FAILED:
+            self.programs[programs[which]].raise_error(code)
+        if status == LOOP_OUT_OF_RANGE:
+            raise IndexError("an index is out of range for its instance's own size")
 
     def _timed(self, call) -> int:
         """`call(workers, preempted)`, on the workers the programs choose, its time and

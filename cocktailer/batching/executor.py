@@ -30,7 +30,8 @@ from cocktailer.backend.batched import build_blocks
 from cocktailer.batching.blocks import Block, batched_program, lane_mask, lane_varying, run_block, segments
 from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect, slice_branches
 from cocktailer.batching.levels import LevelProgram, level_inputs, level_program, run_level_loop
-from cocktailer.batching.loops import LoopProgram, loop_program, run_loop_program, run_while_program
+from cocktailer.batching.loops import (LoopProgram, NestedProgram, any_loop_program, run_loop_program,
+                                      run_nested_program, run_while_program)
 from cocktailer.batching.lanes import (ARMS, CALLS, CHECKED, HIDDEN, RULES, SHARED_BY_LANES, SIZES, Lanes, Packed,
                                       RowLayout, Split, Table, apply, matmul_per_lane, merged, rows, take)
 from cocktailer.batching.ragged import constant_indices, masked_operands, padding_fill, ragged_syms
@@ -62,7 +63,7 @@ class Techniques:
     level_programs: bool = True    # a level's calls that take the same arms as one native call (else op by op)
     level_loop: bool = True        # a recursion's level programs called by one native loop (else from Python)
     loop_programs: bool = True     # a loop with a straight-line body, every step, as one native call: counted,
-    #                                or ending on a condition (else Python runs each step)
+    #                                ending on a condition, or holding a counted loop (else Python runs each step)
     block_masks: bool = True       # a softmax or product that reads padding masks it inside its native block
     #                                (else it runs as a torch op, masked by the executor)
     packed_rows: bool = True       # position-wise blocks over a ragged size compute on the instances' real rows
@@ -478,7 +479,7 @@ class BatchedExecutor:
         with a loop program runs all its steps in one native call (`loops.py`)."""
         trip = env[op.loop_trip.id] if op.loop_trip is not None else None
         loop = self._loop_program(op)
-        if isinstance(loop, LoopProgram):
+        if isinstance(loop, (LoopProgram, NestedProgram)):
             return self._run_loop_program(loop, op, env, count, trip)
         trips = trip.rows() if isinstance(trip, Lanes) else None
         stacked_count = op.loop_stacked
@@ -526,7 +527,8 @@ class BatchedExecutor:
         return outs + [self._stack([(lanes, s[j]) for lanes, s in steps], r, count)
                        for j, r in enumerate(op.results[len(outs):])]
 
-    def _run_loop_program(self, loop: LoopProgram, op: Operation, env: dict, count: int, trip) -> list:
+    def _run_loop_program(self, loop: LoopProgram | NestedProgram, op: Operation, env: dict, count: int,
+                          trip) -> list:
         trips = None if trip is None else (trip.rows() if isinstance(trip, Lanes) else trip.reshape(1).expand(count))
         trips = None if trips is None else trips.to(torch.int64)
         sizes = env[SIZES].rows() if SIZES in env else None
@@ -534,20 +536,21 @@ class BatchedExecutor:
         carried = [env[v.id] for v in op.loop_inits]
         # (a loop's tables are dead when its run returns: its next run reuses them)
         table = lambda k, shape, dtype: self.workspace.take(("loop", id(op), k), shape, dtype, device)   # noqa: E731
-        if loop.cond is not None:
+        if isinstance(loop, LoopProgram) and loop.cond is not None:
             outs, steps = run_while_program(loop, env, count, trips, carried, sizes, table, self.max_iterations)
         else:
             steps = int(trips.max())
             if self.max_iterations is not None and steps > self.max_iterations:
                 raise CompiledCallError(f"{ITERATIONS_EXCEEDED} ({self.max_iterations})")
-            outs = run_loop_program(loop, env, count, trips, steps, carried, sizes, table)
+            run = run_nested_program if isinstance(loop, NestedProgram) else run_loop_program
+            outs = run(loop, env, count, trips, steps, carried, sizes, table)
         self.schedule.loop_programs += 1
         self.schedule.loop_steps += max(steps, 0)
         return outs
 
-    def _loop_program(self, op: Operation) -> LoopProgram | str:
+    def _loop_program(self, op: Operation) -> LoopProgram | NestedProgram | str:
         found = self._straight(self._loops, id(op), self.techniques.loop_programs, "loop programs",
-                               lambda: loop_program(op, self.program, self.ragged, self.varying, self.producers))
+                               lambda: any_loop_program(op, self.program, self.ragged, self.varying, self.producers))
         if isinstance(found, str):
             self.schedule.stepped_loops[_where(op)] = found
         return found
@@ -686,7 +689,7 @@ class BatchedExecutor:
                 except NotImplementedError as e:
                     cache[key] = str(e)
                 else:
-                    levels = made.levels if isinstance(made, (LoopProgram, RoundProgram)) else [made]
+                    levels = made.levels if isinstance(made, (LoopProgram, NestedProgram, RoundProgram)) else [made]
                     compiled, notes = build_blocks([level.program for level in levels])
                     for level, c in zip(levels, compiled):
                         level.compiled = c

@@ -142,7 +142,9 @@ class Straight:
     region indexes it, one row of it (a table); ("shared", j), the same for every lane;
     ("const", op), made by `op` (a CONST or SCALAR: made again inside, as the region's own);
     ("carried", k), a loop's carried value k, read from its table of every step's values at the
-    row the ("source",) input gives (the lanes come in another order every step); ("buffer", k),
+    row the ("source",) input gives (the lanes come in another order every step); ("gather",
+    (table, index)), the same for any table and index inputs; ("row", key), one row per lane
+    under the input `key`; ("buffer", k),
     a loop's carried value k kept in one buffer of all lanes' rows, read and written in place one
     row at a time (`buffer_row`). `sites`: the self-calls whose results come from the tables of
     the levels below; `control`: the ops whose indices an inspector already checked; `taken`:
@@ -220,10 +222,16 @@ class Straight:
             self.rename[v.id] = self.emit(j.op, [], v.type, False, **j.attrs)
             return self.rename[v.id]
         if kind == "carried":   # row `source` of the table of every step's values
-            source = self.input(("source",), TensorType((LANES,), torch.int64), lane=True)
-            table = self.input(("carried", j), TensorType((Sym(f"carried{j}", hint=17), *v.type.shape), v.type.dtype))
-            self.rename[v.id] = self.emit(Op.GATHER, [table, source], _over_lanes(v.type), True, dim=0)
+            kind, j = "gather", (("carried", j), ("source",))
+        if kind == "gather":   # j: (a table's input, an index's): each lane's row of the table
+            table_key, index_key = j
+            index = self.input(index_key, TensorType((LANES,), torch.int64), lane=True)
+            rows_ = Sym("rows_" + "_".join(map(str, table_key)), hint=17)
+            table = self.input(table_key, TensorType((rows_, *v.type.shape), v.type.dtype))
+            self.rename[v.id] = self.emit(Op.GATHER, [table, index], _over_lanes(v.type), True, dim=0)
             return self.rename[v.id]
+        if kind == "row":   # j: the key of an input of one row per lane
+            return self.input(j, _over_lanes(v.type), lane=True)
         if kind == "buffer":
             raise NotImplementedError(f"carried value {j}, kept in place, is used other than one row at a time")
         if kind == "shared":

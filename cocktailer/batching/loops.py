@@ -42,8 +42,17 @@ carried values through an index (`source`), as a branchy counted loop does. Its 
 no other branch. Where a lane is still in the loop after the blocks there is room for, it runs
 again with four times as many (kept for the next batch).
 
-A loop this cannot hold (it holds a loop or a call, a branch inside a branch or decided by a
-carried value, or ends on a condition and branches) runs step by step in the executor, as before.
+A counted loop whose body holds one counted loop (NestedRNN: words, then each word's own
+number of inner steps) is a `NestedProgram` of three straight lines, run by the native nested
+loop (`codegen.level_loop`): the outer body's ops before the inner loop, over the outer lanes
+still in the loop, yielding what the rest of the step reads into tables of a block of rows per
+outer step (the inner trip count and initial values among them); the inner body, step by step
+over the lanes still in the inner loop, reading those values at each lane's outer row; and the
+ops after it, reading each lane's last inner values.
+
+A loop this cannot hold (it holds a call, a loop it cannot nest, a branch inside a branch or
+decided by a carried value, or ends on a condition and branches) runs step by step in the
+executor, as before.
 """
 from __future__ import annotations
 
@@ -79,6 +88,13 @@ class LoopProgram:
                 *self.paths.values()]
 
 
+def any_loop_program(op: Operation, program: Program, ragged: list, varying: set[int],
+                     producers: dict[int, Operation]) -> "LoopProgram | NestedProgram":
+    """The loop program of `op`, or its nested program where its body holds a loop."""
+    make = nested_program if any(o.op is Op.LOOP for o in op.loop_body.ops) else loop_program
+    return make(op, program, ragged, varying, producers)
+
+
 def loop_program(op: Operation, program: Program, ragged: list, varying: set[int],
                  producers: dict[int, Operation]) -> LoopProgram:
     """The loop program of `op` (not yet compiled). Raises NotImplementedError (why) where the
@@ -111,6 +127,81 @@ def loop_program(op: Operation, program: Program, ragged: list, varying: set[int
     decide = _decider(body, branches, program, ragged, outer) if branches else None
     cond = _condition(op.loop_cond, program, ragged, shared, kept) if op.loop_cond is not None else None
     return LoopProgram(paths, decide, cond, outside, [y.type for y in body.yields], carried, kept)
+
+
+@dataclass
+class NestedProgram:
+    """A counted loop whose body holds one counted loop, as three programs the native nested
+    loop (`codegen.level_loop`) calls per outer step: `pre` (the outer body's ops before the
+    inner loop) over the outer lanes still in the loop, then `inner` step by step over the lanes
+    still in the inner loop, then `post` (the ops after it)."""
+    pre: LevelProgram       # yields `exported` (the inner loop's trip count and inits among them)
+    inner: LevelProgram
+    post: LevelProgram
+    exported: list[Value]   # the values `pre` yields, in order: each in a table of a block of rows per outer step
+    trip: int               # which of them is the inner trip count
+    inits: list[int]        # which are the inner loop's initial values (copied into its carried tables)
+    outside: list[Value]
+    types: list[TensorType]   # the outer yields, one lane's
+    inner_types: list[TensorType]
+
+    @property
+    def levels(self) -> list[LevelProgram]:
+        return [self.pre, self.inner, self.post]
+
+
+def nested_program(op: Operation, program: Program, ragged: list, varying: set[int],
+                   producers: dict[int, Operation]) -> NestedProgram:
+    """The nested program of the counted loop `op`, whose body holds one counted loop at its top
+    level; raises NotImplementedError (why) where there is none."""
+    body = op.loop_body
+    loops = [i for i, o in enumerate(body.ops) if o.op is Op.LOOP]
+    if len(loops) != 1 or op.loop_cond is not None or op.loop_stacked:
+        raise NotImplementedError("the body holds a loop, not one counted loop in a counted loop")
+    inner_op = body.ops[loops[0]]
+    if inner_op.loop_cond is not None or inner_op.loop_stacked or inner_op.loop_trip is None:
+        raise NotImplementedError("the loop in the body ends on a condition or stacks a value per step")
+    if inner_op.loop_trip.type.dtype is not torch.int64:
+        raise NotImplementedError("the loop in the body counts in another dtype than int64")
+    if any(o.op is Op.IF and not chooses_only(o) for region in (body, inner_op.loop_body) for o in region.ops) or \
+            any(o.op is Op.LOOP for o in inner_op.loop_body.ops):
+        raise NotImplementedError("the body or the loop in it branches or holds another loop")
+    pre_ops, post_ops = body.ops[:loops[0]], body.ops[loops[0] + 1:]
+    defined_pre = {r.id for o in pre_ops for r in o.results}
+    inner_body = inner_op.loop_body
+    later = [inner_op.loop_trip, *inner_op.loop_inits, *inner_body.outside_reads(),
+             *Region([], post_ops, body.yields).outside_reads()]
+    exported = list({v.id: v for v in later if v.id in defined_pre or v.id in {p.id for p in body.params}}.values())
+    outside = list({v.id: v for region in (body,) for v in region.outside_reads()}.values())
+    shared = {}
+    for j, v in enumerate(outside):
+        source = constant_source(v, producers)
+        shared[v.id] = ("stacked", j) if v.id in varying else ("const", source) if source else ("shared", j)
+    # outer body: the counter and carried values one row per lane (the outer lanes sorted, a prefix per step)
+    outer = {**shared, body.params[0].id: ("arg", 0)}
+    outer.update({p.id: ("arg", k + 1) for k, p in enumerate(body.params[1:])})
+    pre = Straight(Region(list(body.params), pre_ops, exported), program, ragged, outer)
+    pre.value(body.params[0])   # the counter: an input that advances with the outer steps gives the lane count
+    pre = pre.build()
+    # inner body: its carried values at `source`, what the outer body made at the lane's outer row
+    into = {**shared, inner_body.params[0].id: ("arg", 0)}
+    into.update({p.id: ("carried", k) for k, p in enumerate(inner_body.params[1:])})
+    into.update({v.id: ("gather", (("exported", j), ("outer_row",))) for j, v in enumerate(exported)})
+    inner = Straight(inner_body, program, ragged, into)
+    for p in inner_body.params:
+        inner.value(p)
+    inner = _counted_lanes(inner.build())
+    # after: the outer rows again, the inner loop's results at each lane's last inner row
+    params = {p.id for p in body.params}
+    after = {**outer, **{v.id: ("row", ("exported", j)) for j, v in enumerate(exported) if v.id not in params}}
+    after.update({r.id: ("gather", (("inner", k), ("final",))) for k, r in enumerate(inner_op.results)})
+    post = Straight(Region(list(body.params), post_ops, body.yields), program, ragged, after)
+    post.value(body.params[0])
+    post = post.build()
+    ids = [v.id for v in exported]
+    return NestedProgram(pre, inner, post, exported, ids.index(inner_op.loop_trip.id),
+                         [ids.index(v.id) for v in inner_op.loop_inits], outside,
+                         [y.type for y in body.yields], [v.type for v in inner_op.loop_inits])
 
 
 def _condition(region: Region, program: Program, ragged: list, shared: dict, kept: frozenset) -> LevelProgram:
@@ -297,6 +388,54 @@ def _run_while(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor | N
              for k, t in enumerate(tables)], int(ran.max()) if count else 0)
 
 
+def run_nested_program(nest: NestedProgram, env: dict, count: int, trips: torch.Tensor, steps: int, carried: list,
+                       per_lane_sizes: torch.Tensor | None, table) -> list:
+    """The carried values of a counted loop holding a counted loop (`nest`) when every lane has
+    run its own trip count (`trips`; `steps` the largest); `table` as `run_loop_program`'s."""
+    if steps <= 0:
+        return carried
+    layout = _layout(trips, steps, count, _active(trips, steps), None)
+    tables = []
+    for k, value in enumerate(carried):
+        t = table(k, ((steps + 1) * count, *rows(value, count).shape[1:]), value.dtype)
+        torch.index_select(rows(value, count), 0, layout.order, out=t[:count])
+        tables.append(t)
+    exported = [table(("exported", j), (steps * count, *v.type.shape), v.type.dtype)
+                for j, v in enumerate(nest.exported)]
+    inner = [table(("inner", k), (3 * count, *ty.shape), ty.dtype) for k, ty in enumerate(nest.inner_types)]
+    final = torch.zeros(steps * count, dtype=torch.int64)
+    counter, lane, source, outer_row = (torch.zeros(count, dtype=torch.int64) for _ in range(4))
+    outer_rows = {"counter": torch.arange(steps).repeat_interleave(count), "root": layout.lane_at}
+    by_key = {("exported",): exported, ("inner",): inner}
+    stacked, run = {}, LevelRun()
+
+    def bind(level: LevelProgram, per_row: dict, whole: set, outputs: list, start_rows: bool) -> int:
+        inputs, advancing = [], []
+        for kind, *which in level.inputs:
+            if (kind,) in by_key:   # a table of rows: read whole (gathered at an index) or a row per lane
+                inputs.append(by_key[(kind,)][which[0]])
+                advancing.append(kind not in whole)
+            elif kind in ("final", "outer_row"):
+                inputs.append(per_row[kind])
+                advancing.append(True)
+            else:
+                inputs.append(_input(kind, which, nest, env, count, per_row, tables if start_rows else inner,
+                                     per_lane_sizes, stacked))
+                advancing.append(kind in ADVANCING)
+        return run.add(level.compiled, inputs, advancing, count, outputs, level.checks)
+
+    pre = bind(nest.pre, outer_rows, set(), exported, True)
+    inner_rows = {"counter": counter, "root": lane, "source": source, "outer_row": outer_row}
+    body = bind(nest.inner, inner_rows, {"exported", "inner"}, inner, False)
+    post = bind(nest.post, {**outer_rows, "final": final}, {"inner"}, [t[count:] for t in tables], True)
+    active = torch.bincount(_active(trips, steps)[0], minlength=steps)
+    run.run_nested((pre, body, post), count, active, exported[nest.trip], [exported[j] for j in nest.inits], inner,
+                   [counter, lane, source, outer_row], layout.lane_at, final)
+    lanes = torch.arange(count)
+    last = torch.where(trips > 0, trips * count + layout.row_of[(trips - 1).clamp(min=0), lanes], layout.slot)
+    return [Lanes(t.index_select(0, last)) for t in tables]
+
+
 def _carried_tables(loop: LoopProgram, carried: list, count: int, steps: int, order: torch.Tensor, table) -> list:
     """A table of steps + 1 blocks of `count` rows per carried value, block 0 its initial value
     of each lane in `order`; a buffer kept in place as its own copy (it is returned)."""
@@ -360,24 +499,28 @@ def _inputs(level: LevelProgram, loop: LoopProgram, env: dict, count: int, per_r
     out, advancing = [], []
     for kind, *which in level.inputs:
         advancing.append(kind in ADVANCING)
-        if kind == "arg":
-            out.append(per_row["counter"] if which[0] == 0 else tables[which[0] - 1])
-        elif kind in ("root", "source"):
-            out.append(per_row[kind])
-        elif kind in ("carried", "buffer"):
-            out.append(tables[which[0]])
-        elif kind == "buffer_rows":
-            out.append(torch.tensor(tables[which[0]].shape[0] // count))
-        elif kind == "sizes":
-            out.append(per_lane_sizes[:, which[0]].contiguous())
-        else:
-            value = env[loop.outside[which[0]].id]
-            if kind == "shared":
-                out.append(value)
-            else:
-                if which[0] not in stacked:
-                    stacked[which[0]] = Table(value, count)
-                table = stacked[which[0]]
-                out.append(torch.tensor(table.width) if kind == "rows" else table.flat() if kind == "table" else
-                           table.offsets() if kind == "offsets" else table.whole())
+        out.append(_input(kind, which, loop, env, count, per_row, tables, per_lane_sizes, stacked))
     return out, advancing
+
+
+def _input(kind: str, which: list, loop, env: dict, count: int, per_row: dict, tables: list, per_lane_sizes,
+           stacked: dict) -> torch.Tensor:
+    """The tensor for one parameter of a loop's program (`_inputs`)."""
+    if kind == "arg":
+        return per_row["counter"] if which[0] == 0 else tables[which[0] - 1]
+    if kind in ("root", "source"):
+        return per_row[kind]
+    if kind in ("carried", "buffer"):
+        return tables[which[0]]
+    if kind == "buffer_rows":
+        return torch.tensor(tables[which[0]].shape[0] // count)
+    if kind == "sizes":
+        return per_lane_sizes[:, which[0]].contiguous()
+    value = env[loop.outside[which[0]].id]
+    if kind == "shared":
+        return value
+    if which[0] not in stacked:
+        stacked[which[0]] = Table(value, count)
+    table = stacked[which[0]]
+    return (torch.tensor(table.width) if kind == "rows" else table.flat() if kind == "table" else
+            table.offsets() if kind == "offsets" else table.whole())

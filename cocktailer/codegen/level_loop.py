@@ -62,6 +62,25 @@ Returns LOOP_DONE, LOOP_FAILED (`failed[0]`: the step, `failed[1]` the code, `fa
 condition's program, 1: the body's), LOOP_OUT_OF_RANGE, ROUNDS_FULL (a lane is still in the
 loop after `steps_cap` steps: the caller runs it again with more blocks) or WHILE_ITERATIONS
 (a lane is still in the loop after `max_iterations` steps, where that is not negative).
+
+The nested loop: a counted loop whose body holds a counted loop (`batching.loops.NestedProgram`).
+The outer loop's lanes are sorted by trip count, so those in the loop at step t are the first
+`active[t]` rows of block t (as a counted loop's are). Per outer step the loop calls
+
+- `pre` (the outer body's ops before the inner loop) over those rows; it writes, among the
+  values the rest of the step reads, each row's inner trip count (`trips`) and the inner
+  loop's initial values, which the loop copies into block 0 of the inner loop's tables;
+- `inner`, step by step, over the rows still in the inner loop, compacted: inner step s writes
+  block 1 + s % 2 of its tables and reads each row's previous values at `source` (block 0, or
+  the block step s - 1 wrote), and what `pre` made at the row's outer row (`outer_row`); a row
+  that leaves has its last values copied back to its row of block 0, which no step reads again;
+- `post` (the ops after the inner loop) over the step's rows again, reading each row's last
+  inner values at `final` (its row of block 0) and writing the outer carried values' block t + 1.
+
+    int64_t ck_run_nested(const ck_nested_t* N, int nw, int64_t* failed, int64_t* preempted)
+
+Returns LOOP_DONE, LOOP_FAILED (`failed[0]`: the outer step, `failed[1]` the code, `failed[2]`
+0, 1, 2: pre's, inner's, post's program) or LOOP_OUT_OF_RANGE.
 """
 from __future__ import annotations
 
@@ -243,5 +262,69 @@ int64_t ck_run_while(const ck_while_t* W, int nw, int64_t* failed, int64_t* pree
     for (int64_t i = 0; i < m; i++) W->holder[block + L + i] = W->lane_at[block + i];
     n = m;
   }}
+}}
+
+typedef struct {{
+  int64_t count, steps;
+  const int64_t* active;                /* per outer step: the rows of the lanes still in the loop */
+  const ck_level_t *pre, *inner, *post;
+  const int64_t* trips;                 /* the inner trip count pre wrote, a row per (outer step, lane) */
+  int64_t inits;                        /* the inner loop's carried values */
+  char* const* init_from;               /* each one's initial value, as pre wrote it (a row per outer row) */
+  char* const* carried;                 /* each one's table: three blocks of count rows */
+  const int64_t* row_bytes;
+  int64_t *counter, *lane, *source, *outer_row;   /* the inner body's per-row inputs (count rows) */
+  const int64_t* lane_at;               /* each outer row's lane */
+  int64_t* final;                       /* per outer row: the row of the inner tables holding its last values */
+  int64_t *at, *order;                  /* count entries each: a row's inner row now, the rows still inside */
+}} ck_nested_t;
+
+static int64_t ck_step(const ck_level_t* L, int64_t in_start, int64_t out_start, int64_t lanes, int nw,
+                       int64_t* failed, int64_t which, int64_t* preempted) {{
+  ck_point(L, out_start);
+  const int64_t code = ck_call(L, in_start, lanes, nw, preempted);
+  failed[2] = which;
+  if (code) {{ failed[1] = code; return {LOOP_FAILED}; }}
+  return ck_flagged(L) ? {LOOP_OUT_OF_RANGE} : {LOOP_DONE};
+}}
+
+int64_t ck_run_nested(const ck_nested_t* N, int nw, int64_t* failed, int64_t* preempted) {{
+  const int64_t L = N->count;
+  int64_t status;
+  for (int64_t t = 0; t < N->steps && N->active[t]; t++) {{
+    const int64_t n = N->active[t], block = t * L;
+    failed[0] = t;
+    if ((status = ck_step(N->pre, block, block, n, nw, failed, 0, preempted))) return status;
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {{
+      for (int64_t k = 0; k < N->inits; k++)
+        memcpy(N->carried[k] + i * N->row_bytes[k], N->init_from[k] + (block + i) * N->row_bytes[k],
+               N->row_bytes[k]);
+      N->at[i] = N->final[block + i] = i;   /* block 0 row i: its initial, then its last, inner values */
+      if (N->trips[block + i] > 0) N->order[m++] = i;
+    }}
+    for (int64_t s = 0; m; s++) {{
+      const int64_t into = (1 + s % 2) * L;
+      for (int64_t j = 0; j < m; j++) {{
+        const int64_t i = N->order[j];
+        N->counter[j] = s;
+        N->lane[j] = N->lane_at[block + i];
+        N->source[j] = N->at[i];
+        N->outer_row[j] = block + i;
+      }}
+      if ((status = ck_step(N->inner, 0, into, m, nw, failed, 1, preempted))) return status;
+      int64_t still = 0;
+      for (int64_t j = 0; j < m; j++) {{
+        const int64_t i = N->order[j];
+        N->at[i] = into + j;
+        if (N->trips[block + i] > s + 1) {{ N->order[still++] = i; continue; }}
+        for (int64_t k = 0; k < N->inits; k++)   /* its last values, before a later step writes over them */
+          memcpy(N->carried[k] + i * N->row_bytes[k], N->carried[k] + (into + j) * N->row_bytes[k], N->row_bytes[k]);
+      }}
+      m = still;
+    }}
+    if ((status = ck_step(N->post, block, block, n, nw, failed, 2, preempted))) return status;
+  }}
+  return {LOOP_DONE};
 }}
 """
