@@ -1214,6 +1214,26 @@ def test_a_loop_holding_a_loop_runs_every_step_in_one_native_call():
     assert batched.schedule.loop_programs == 1 and not batched.schedule.stepped_loops
 
 
+class FixedInner(nn.Module):
+    """An inner loop whose count and initial value come from outside the outer loop."""
+
+    def forward(self, xs, z):
+        h = torch.zeros(3)
+        for t in range(xs.shape[0]):
+            g = z
+            for _ in range(2):
+                g = torch.tanh(g + xs[t])
+            h = h + g
+        return h
+
+
+@native
+def test_an_inner_loop_may_count_and_start_from_values_made_outside_the_outer_loop():
+    instances = [(randn(n, 3, seed=n), randn(3, seed=10 + n)) for n in (4, 1, 6)]
+    batched = assert_batch_matches(FixedInner().eval(), instances)
+    assert batched.schedule.loop_programs == 1 and not batched.schedule.stepped_loops
+
+
 @native
 def test_a_nested_loop_names_the_instances_that_index_past_their_own_rows():
     short = (randn(2, 4, seed=1), torch.tensor([3, 6]), randn(4, 4, seed=2))   # peek[4], peek[5]: past its 4 rows

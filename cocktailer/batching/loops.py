@@ -144,6 +144,7 @@ class NestedProgram:
     outside: list[Value]
     types: list[TensorType]   # the outer yields, one lane's
     inner_types: list[TensorType]
+    kept: frozenset = frozenset()   # (no carried value is kept in a buffer written in place)
 
     @property
     def levels(self) -> list[LevelProgram]:
@@ -169,9 +170,10 @@ def nested_program(op: Operation, program: Program, ragged: list, varying: set[i
     pre_ops, post_ops = body.ops[:loops[0]], body.ops[loops[0] + 1:]
     defined_pre = {r.id for o in pre_ops for r in o.results}
     inner_body = inner_op.loop_body
-    later = [inner_op.loop_trip, *inner_op.loop_inits, *inner_body.outside_reads(),
-             *Region([], post_ops, body.yields).outside_reads()]
-    exported = list({v.id: v for v in later if v.id in defined_pre or v.id in {p.id for p in body.params}}.values())
+    params = {p.id for p in body.params}
+    later = [v for v in [*inner_body.outside_reads(), *Region([], post_ops, body.yields).outside_reads()]
+             if v.id in defined_pre or v.id in params]   # (values from outside the loop are read as they are)
+    exported = list({v.id: v for v in [inner_op.loop_trip, *inner_op.loop_inits, *later]}.values())
     outside = list({v.id: v for region in (body,) for v in region.outside_reads()}.values())
     shared = {}
     for j, v in enumerate(outside):
@@ -192,7 +194,6 @@ def nested_program(op: Operation, program: Program, ragged: list, varying: set[i
         inner.value(p)
     inner = _counted_lanes(inner.build())
     # after: the outer rows again, the inner loop's results at each lane's last inner row
-    params = {p.id for p in body.params}
     after = {**outer, **{v.id: ("row", ("exported", j)) for j, v in enumerate(exported) if v.id not in params}}
     after.update({r.id: ("gather", (("inner", k), ("final",))) for k, r in enumerate(inner_op.results)})
     post = Straight(Region(list(body.params), post_ops, body.yields), program, ragged, after)
@@ -395,11 +396,7 @@ def run_nested_program(nest: NestedProgram, env: dict, count: int, trips: torch.
     if steps <= 0:
         return carried
     layout = _layout(trips, steps, count, _active(trips, steps), None)
-    tables = []
-    for k, value in enumerate(carried):
-        t = table(k, ((steps + 1) * count, *rows(value, count).shape[1:]), value.dtype)
-        torch.index_select(rows(value, count), 0, layout.order, out=t[:count])
-        tables.append(t)
+    tables = _carried_tables(nest, carried, count, steps, layout.order, table)
     exported = [table(("exported", j), (steps * count, *v.type.shape), v.type.dtype)
                 for j, v in enumerate(nest.exported)]
     inner = [table(("inner", k), (3 * count, *ty.shape), ty.dtype) for k, ty in enumerate(nest.inner_types)]
@@ -436,7 +433,7 @@ def run_nested_program(nest: NestedProgram, env: dict, count: int, trips: torch.
     return [Lanes(t.index_select(0, last)) for t in tables]
 
 
-def _carried_tables(loop: LoopProgram, carried: list, count: int, steps: int, order: torch.Tensor, table) -> list:
+def _carried_tables(loop: LoopProgram | NestedProgram, carried: list, count: int, steps: int, order: torch.Tensor, table) -> list:
     """A table of steps + 1 blocks of `count` rows per carried value, block 0 its initial value
     of each lane in `order`; a buffer kept in place as its own copy (it is returned)."""
     tables = []
