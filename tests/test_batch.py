@@ -1245,6 +1245,14 @@ def test_a_nested_loop_names_the_instances_that_index_past_their_own_rows():
         with torch.no_grad():
             batched([fine[0], short, fine[1]])
     assert e.value.positions == [1]
+    long = (randn(2, 4, seed=7), torch.tensor([1, 6]), randn(6, 4, seed=8))
+    batched = cocktailer.batch(NestedSteps().eval(), fine[0], max_iterations=5)
+    with torch.no_grad(), pytest.raises(cocktailer.BatchInputError, match=r"instance 2: .*max_iterations option "
+                                                                           r"allows \(5\)"):
+        batched([fine[0], fine[1], long])
+    from cocktailer.batching.loops import NestedProgram   # (the nested program raised, not a loop stepped in Python)
+    assert any(isinstance(loop, NestedProgram) for executor in batched._executors.values()
+               for loop in executor._loops.values())
 
 
 @native

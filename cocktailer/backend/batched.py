@@ -95,7 +95,8 @@ class WhileLayout(ctypes.Structure):
 
 class NestedLayout(ctypes.Structure):
     """What the nested loop reads (`ck_nested_t`)."""
-    _fields_ = [("count", ctypes.c_int64), ("steps", ctypes.c_int64), ("active", ctypes.c_void_p),
+    _fields_ = [("count", ctypes.c_int64), ("steps", ctypes.c_int64), ("max_iterations", ctypes.c_int64),
+                ("active", ctypes.c_void_p),
                 ("pre", ctypes.c_void_p), ("inner", ctypes.c_void_p), ("post", ctypes.c_void_p),
                 ("trips", ctypes.c_void_p), ("inits", ctypes.c_int64), ("init_from", ctypes.c_void_p),
                 ("carried", ctypes.c_void_p), ("row_bytes", ctypes.c_void_p), ("counter", ctypes.c_void_p),
@@ -249,15 +250,16 @@ class LevelRun:
 
     def run_nested(self, programs: tuple[int, int, int], count: int, active: torch.Tensor, trips: torch.Tensor,
                    inits: list[torch.Tensor], carried: list[torch.Tensor], per_row: list[torch.Tensor],
-                   lane_at: torch.Tensor, final: torch.Tensor):
+                   lane_at: torch.Tensor, final: torch.Tensor, max_iterations: int | None):
         """Run the nested loop (`codegen.level_loop`) of the bound programs (pre, inner, post):
         `active` lanes per outer step, pre's inner `trips` and `inits` (one row per outer row),
         the inner loop's `carried` tables, its body's `per_row` inputs (counter, lane, source,
-        outer row); fills `final`. Raises for an index out of range, and what a failing
-        entry's error code means."""
+        outer row); fills `final`. Raises where an inner count is past `max_iterations`, for an
+        index out of range, and what a failing entry's error code means."""
         entries = [LevelEntry.from_buffer_copy(self.entries[k]) for k in programs]
         scratch = torch.empty(2, count, dtype=torch.int64)
-        layout = NestedLayout(count, len(active), active.data_ptr(), *[ctypes.addressof(e) for e in entries],
+        layout = NestedLayout(count, len(active), -1 if max_iterations is None else max_iterations,
+                              active.data_ptr(), *[ctypes.addressof(e) for e in entries],
                               trips.data_ptr(), len(inits),
                               ctypes.addressof(init_at := _pointers([t.data_ptr() for t in inits])),
                               ctypes.addressof(carried_at := _pointers([t.data_ptr() for t in carried])),
@@ -269,6 +271,8 @@ class LevelRun:
             ctypes.addressof(layout), workers, failed.data_ptr(), preempted))
         del entries, init_at, carried_at, row_bytes   # (alive until the call returned)
         _, code, which = failed.tolist()
+        if status == WHILE_ITERATIONS:
+            raise CompiledCallError(f"{ITERATIONS_EXCEEDED} ({max_iterations})")
         if status == LOOP_FAILED:
             self.programs[programs[which]].raise_error(code)
         if status == LOOP_OUT_OF_RANGE:

@@ -542,8 +542,10 @@ class BatchedExecutor:
             steps = int(trips.max())
             if self.max_iterations is not None and steps > self.max_iterations:
                 raise CompiledCallError(f"{ITERATIONS_EXCEEDED} ({self.max_iterations})")
-            run = run_nested_program if isinstance(loop, NestedProgram) else run_loop_program
-            outs = run(loop, env, count, trips, steps, carried, sizes, table)
+            if isinstance(loop, NestedProgram):
+                outs = run_nested_program(loop, env, count, trips, steps, carried, sizes, table, self.max_iterations)
+            else:
+                outs = run_loop_program(loop, env, count, trips, steps, carried, sizes, table)
         self.schedule.loop_programs += 1
         self.schedule.loop_steps += max(steps, 0)
         return outs

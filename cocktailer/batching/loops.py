@@ -174,7 +174,7 @@ def nested_program(op: Operation, program: Program, ragged: list, varying: set[i
     later = [v for v in [*inner_body.outside_reads(), *Region([], post_ops, body.yields).outside_reads()]
              if v.id in defined_pre or v.id in params]   # (values from outside the loop are read as they are)
     exported = list({v.id: v for v in [inner_op.loop_trip, *inner_op.loop_inits, *later]}.values())
-    outside = list({v.id: v for region in (body,) for v in region.outside_reads()}.values())
+    outside = body.outside_reads()
     shared = {}
     for j, v in enumerate(outside):
         source = constant_source(v, producers)
@@ -368,6 +368,7 @@ def run_while_program(loop: LoopProgram, env: dict, count: int, trips: torch.Ten
 
 def _run_while(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor | None, carried: list,
                per_lane_sizes, table, max_iterations: int | None, steps: int) -> tuple[list, int] | None:
+    """`run_while_program`'s results, with room for `steps` steps; None where that was too few."""
     tables = _carried_tables(loop, carried, count, steps, torch.arange(count), table)
     rows_ = (steps + 1) * count
     counter, holder, lane_at, source = (torch.zeros(rows_, dtype=torch.int64) for _ in range(4))
@@ -390,9 +391,10 @@ def _run_while(loop: LoopProgram, env: dict, count: int, trips: torch.Tensor | N
 
 
 def run_nested_program(nest: NestedProgram, env: dict, count: int, trips: torch.Tensor, steps: int, carried: list,
-                       per_lane_sizes: torch.Tensor | None, table) -> list:
+                       per_lane_sizes: torch.Tensor | None, table, max_iterations: int | None = None) -> list:
     """The carried values of a counted loop holding a counted loop (`nest`) when every lane has
-    run its own trip count (`trips`; `steps` the largest); `table` as `run_loop_program`'s."""
+    run its own trip count (`trips`; `steps` the largest); `table` as `run_loop_program`'s.
+    Raises where an inner count is past `max_iterations`."""
     if steps <= 0:
         return carried
     layout = _layout(trips, steps, count, _active(trips, steps), None)
@@ -403,14 +405,14 @@ def run_nested_program(nest: NestedProgram, env: dict, count: int, trips: torch.
     final = torch.zeros(steps * count, dtype=torch.int64)
     counter, lane, source, outer_row = (torch.zeros(count, dtype=torch.int64) for _ in range(4))
     outer_rows = {"counter": torch.arange(steps).repeat_interleave(count), "root": layout.lane_at}
-    by_key = {("exported",): exported, ("inner",): inner}
+    made = {"exported": exported, "inner": inner}
     stacked, run = {}, LevelRun()
 
     def bind(level: LevelProgram, per_row: dict, whole: set, outputs: list, start_rows: bool) -> int:
         inputs, advancing = [], []
         for kind, *which in level.inputs:
-            if (kind,) in by_key:   # a table of rows: read whole (gathered at an index) or a row per lane
-                inputs.append(by_key[(kind,)][which[0]])
+            if kind in made:   # a table of rows: read whole (gathered at an index) or a row per lane
+                inputs.append(made[kind][which[0]])
                 advancing.append(kind not in whole)
             elif kind in ("final", "outer_row"):
                 inputs.append(per_row[kind])
@@ -427,7 +429,7 @@ def run_nested_program(nest: NestedProgram, env: dict, count: int, trips: torch.
     post = bind(nest.post, {**outer_rows, "final": final}, {"inner"}, [t[count:] for t in tables], True)
     active = torch.bincount(_active(trips, steps)[0], minlength=steps)
     run.run_nested((pre, body, post), count, active, exported[nest.trip], [exported[j] for j in nest.inits], inner,
-                   [counter, lane, source, outer_row], layout.lane_at, final)
+                   [counter, lane, source, outer_row], layout.lane_at, final, max_iterations)
     lanes = torch.arange(count)
     last = torch.where(trips > 0, trips * count + layout.row_of[(trips - 1).clamp(min=0), lanes], layout.slot)
     return [Lanes(t.index_select(0, last)) for t in tables]

@@ -80,7 +80,8 @@ The outer loop's lanes are sorted by trip count, so those in the loop at step t 
     int64_t ck_run_nested(const ck_nested_t* N, int nw, int64_t* failed, int64_t* preempted)
 
 Returns LOOP_DONE, LOOP_FAILED (`failed[0]`: the outer step, `failed[1]` the code, `failed[2]`
-0, 1, 2: pre's, inner's, post's program) or LOOP_OUT_OF_RANGE.
+0, 1, 2: pre's, inner's, post's program), LOOP_OUT_OF_RANGE or WHILE_ITERATIONS (an inner count
+past `max_iterations`, where that is not negative).
 """
 from __future__ import annotations
 
@@ -265,7 +266,7 @@ int64_t ck_run_while(const ck_while_t* W, int nw, int64_t* failed, int64_t* pree
 }}
 
 typedef struct {{
-  int64_t count, steps;
+  int64_t count, steps, max_iterations;   /* max_iterations < 0: no limit on an inner count */
   const int64_t* active;                /* per outer step: the rows of the lanes still in the loop */
   const ck_level_t *pre, *inner, *post;
   const int64_t* trips;                 /* the inner trip count pre wrote, a row per (outer step, lane) */
@@ -301,6 +302,7 @@ int64_t ck_run_nested(const ck_nested_t* N, int nw, int64_t* failed, int64_t* pr
         memcpy(N->carried[k] + i * N->row_bytes[k], N->init_from[k] + (block + i) * N->row_bytes[k],
                N->row_bytes[k]);
       N->at[i] = N->final[block + i] = i;   /* block 0 row i: its initial, then its last, inner values */
+      if (N->max_iterations >= 0 && N->trips[block + i] > N->max_iterations) return {WHILE_ITERATIONS};
       if (N->trips[block + i] > 0) N->order[m++] = i;
     }}
     for (int64_t s = 0; m; s++) {{
