@@ -26,7 +26,7 @@ from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
 from cocktailer.ir import Program
 from cocktailer.codegen.inspector import InspectorSource, render_inspector
 from cocktailer.codegen.level_loop import (LEVEL_LOOP_SOURCE, LOOP_FAILED, LOOP_OUT_OF_RANGE, MAX_PATHS, ROUNDS_DEEP,
-                                          ROUNDS_FULL, WHILE_ITERATIONS)
+                                          LOOP_FULL, LOOP_ITERATIONS)
 from cocktailer.runtime.compiler import compile_shared_library, load_library
 from cocktailer.runtime.native import ERR_SIZES, CompiledProgram, default_workers
 
@@ -172,10 +172,10 @@ class LevelRun:
         raises what a failing entry's error code means."""
         table = torch.tensor(groups, dtype=torch.int64)
         entries = (LevelEntry * len(self.entries))(*self.entries)
-        failed = torch.zeros(2, dtype=torch.int64)
+        failed = torch.zeros(3, dtype=torch.int64)
         status = self._timed(lambda workers, preempted: _loops().ck_run_levels(
             len(groups), table.data_ptr(), ctypes.addressof(entries), workers, failed.data_ptr(), preempted))
-        group, code = failed.tolist()
+        group, code, _ = failed.tolist()
         if status == LOOP_FAILED:
             self.programs[groups[group][2]].raise_error(code)
         return group if status == LOOP_OUT_OF_RANGE else None
@@ -207,16 +207,12 @@ class LevelRun:
         found, failed = torch.zeros(1, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
         status = self._timed(lambda workers, preempted: _loops().ck_run_rounds(
             ctypes.addressof(layout), workers, found.data_ptr(), failed.data_ptr(), preempted))
-        del cond_at, column_at, row_bytes, scratch_at   # (alive until the call returned)
-        if status == ROUNDS_FULL:
+        if status == LOOP_FULL:
             return None
         if status == ROUNDS_DEEP:
             raise CompiledCallError(f"the program recursed deeper than the batched executor supports ({max_rounds})")
-        _, code, which = failed.tolist()
-        if status == LOOP_FAILED:
-            self.programs[decide if which < 0 else paths[which]].raise_error(code)
-        if status == LOOP_OUT_OF_RANGE:
-            raise IndexError("an index is out of range for its instance's own size")
+        which = int(failed[2])
+        self._raise_for(status, failed, decide if which < 0 else paths[which], None)
         return int(found)
 
     def run_while(self, cond: int, body: int, count: int, trips: torch.Tensor | None, max_iterations: int | None,
@@ -236,16 +232,9 @@ class LevelRun:
         failed = torch.zeros(3, dtype=torch.int64)
         status = self._timed(lambda workers, preempted: _loops().ck_run_while(
             ctypes.addressof(layout), workers, failed.data_ptr(), preempted))
-        del cond_entry, body_entry   # (alive until the call returned)
-        if status == ROUNDS_FULL:
+        if status == LOOP_FULL:
             return False
-        if status == WHILE_ITERATIONS:
-            raise CompiledCallError(f"{ITERATIONS_EXCEEDED} ({max_iterations})")
-        _, code, which = failed.tolist()
-        if status == LOOP_FAILED:
-            self.programs[body if which else cond].raise_error(code)
-        if status == LOOP_OUT_OF_RANGE:
-            raise IndexError("an index is out of range for its instance's own size")
+        self._raise_for(status, failed, body if int(failed[2]) else cond, max_iterations)
         return True
 
     def run_nested(self, programs: tuple[int, int, int], count: int, active: torch.Tensor, trips: torch.Tensor,
@@ -269,12 +258,15 @@ class LevelRun:
         failed = torch.zeros(3, dtype=torch.int64)
         status = self._timed(lambda workers, preempted: _loops().ck_run_nested(
             ctypes.addressof(layout), workers, failed.data_ptr(), preempted))
-        del entries, init_at, carried_at, row_bytes   # (alive until the call returned)
-        _, code, which = failed.tolist()
-        if status == WHILE_ITERATIONS:
+        self._raise_for(status, failed, programs[int(failed[2])], max_iterations)
+
+    def _raise_for(self, status: int, failed: torch.Tensor, program: int, max_iterations: int | None):
+        """Raise what a loop's `status` other than done means; `program`: the entry that failed
+        (`failed[1]` its code)."""
+        if status == LOOP_ITERATIONS:
             raise CompiledCallError(f"{ITERATIONS_EXCEEDED} ({max_iterations})")
         if status == LOOP_FAILED:
-            self.programs[programs[which]].raise_error(code)
+            self.programs[program].raise_error(int(failed[1]))
         if status == LOOP_OUT_OF_RANGE:
             raise IndexError("an index is out of range for its instance's own size")
 

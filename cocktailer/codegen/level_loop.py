@@ -14,9 +14,10 @@ its entry's `err[]` size slot, and calls it. Results go straight into the result
                           int64_t* failed, int64_t* preempted)
 
 `group[3 * g + 0..2]`: start, end, and which of `levels` runs it. Returns LOOP_DONE, LOOP_FAILED
-(an entry returned `failed[1]` at group `failed[0]`) or LOOP_OUT_OF_RANGE (group `failed[0]`
-set its out-of-range flag: an index outside its instance's size). `preempted`: the OS
-preemptions all the calls' workers counted.
+(an entry returned `failed[1]` at group `failed[0]`) or LOOP_OUT_OF_RANGE (group `failed[0]` set
+its out-of-range flag: an index outside its instance's size); `failed` has room for three, as
+every loop here notes the failing program in `failed[2]`. `preempted`: the OS preemptions all
+the calls' workers counted.
 
 The round loop: the rounds of an inspector whose control slice computes with tensors
 (`batching.rounds`: DRNN's expansion gate), run by native code instead of by Python a round at
@@ -40,7 +41,7 @@ their parents).
 
 Returns LOOP_DONE (`found[0]` calls), LOOP_FAILED, LOOP_OUT_OF_RANGE (`failed[0]`: the round,
 `failed[2]`: the path whose program failed, -1: decide's),
-ROUNDS_FULL (more calls than `calls_cap`, or a round wider than `lanes_cap`: the caller binds
+LOOP_FULL (more calls than `calls_cap`, or a round wider than `lanes_cap`: the caller binds
 again with more room) or ROUNDS_DEEP (more rounds than `max_rounds`).
 
 The while loop: a loop that ends on a condition each lane computes from what the loop carries
@@ -59,8 +60,8 @@ lane each row is). For each step the loop calls
     int64_t ck_run_while(const ck_while_t* W, int nw, int64_t* failed, int64_t* preempted)
 
 Returns LOOP_DONE, LOOP_FAILED (`failed[0]`: the step, `failed[1]` the code, `failed[2]` 0: the
-condition's program, 1: the body's), LOOP_OUT_OF_RANGE, ROUNDS_FULL (a lane is still in the
-loop after `steps_cap` steps: the caller runs it again with more blocks) or WHILE_ITERATIONS
+condition's program, 1: the body's), LOOP_OUT_OF_RANGE, LOOP_FULL (a lane is still in the
+loop after `steps_cap` steps: the caller runs it again with more blocks) or LOOP_ITERATIONS
 (a lane is still in the loop after `max_iterations` steps, where that is not negative).
 
 The nested loop: a counted loop whose body holds a counted loop (`batching.loops.NestedProgram`).
@@ -80,12 +81,12 @@ The outer loop's lanes are sorted by trip count, so those in the loop at step t 
     int64_t ck_run_nested(const ck_nested_t* N, int nw, int64_t* failed, int64_t* preempted)
 
 Returns LOOP_DONE, LOOP_FAILED (`failed[0]`: the outer step, `failed[1]` the code, `failed[2]`
-0, 1, 2: pre's, inner's, post's program), LOOP_OUT_OF_RANGE or WHILE_ITERATIONS (an inner count
+0, 1, 2: pre's, inner's, post's program), LOOP_OUT_OF_RANGE or LOOP_ITERATIONS (an inner count
 past `max_iterations`, where that is not negative).
 """
 from __future__ import annotations
 
-LOOP_DONE, LOOP_FAILED, LOOP_OUT_OF_RANGE, ROUNDS_FULL, ROUNDS_DEEP, WHILE_ITERATIONS = 0, 1, 2, 3, 4, 5
+LOOP_DONE, LOOP_FAILED, LOOP_OUT_OF_RANGE, LOOP_FULL, ROUNDS_DEEP, LOOP_ITERATIONS = 0, 1, 2, 3, 4, 5
 MAX_PATHS = 8   # paths a round loop decides between (three branches)
 
 LEVEL_LOOP_SOURCE = f"""
@@ -114,17 +115,32 @@ static int64_t ck_call(const ck_level_t* L, int64_t start, int64_t lanes, int nw
   return code;
 }}
 
-static int ck_flagged(const ck_level_t* L) {{ return L->flag >= 0 && *(const char*)L->out[L->flag]; }}
+/* point L's outputs at row `start` */
+static void ck_point(const ck_level_t* L, int64_t start) {{
+  for (int64_t k = 0; k < L->outputs; k++) L->out[k] = L->out_base[k] + start * L->out_stride[k];
+}}
+
+/* what a call of L that returned `code` means for the loop; `which` (the program) noted in failed[2] */
+static int64_t ck_done(const ck_level_t* L, int64_t code, int64_t* failed, int64_t which) {{
+  failed[2] = which;
+  if (code) {{ failed[1] = code; return {LOOP_FAILED}; }}
+  return L->flag >= 0 && *(const char*)L->out[L->flag] ? {LOOP_OUT_OF_RANGE} : {LOOP_DONE};
+}}
+
+/* call L over `lanes` lanes, its inputs from row `in_start`, its outputs at row `out_start` */
+static int64_t ck_step(const ck_level_t* L, int64_t in_start, int64_t out_start, int64_t lanes, int nw,
+                       int64_t* failed, int64_t which, int64_t* preempted) {{
+  ck_point(L, out_start);
+  return ck_done(L, ck_call(L, in_start, lanes, nw, preempted), failed, which);
+}}
 
 int64_t ck_run_levels(int64_t groups, const int64_t* group, const ck_level_t* levels, int nw,
                       int64_t* failed, int64_t* preempted) {{
   for (int64_t g = 0; g < groups; g++) {{
     const int64_t start = group[3 * g], lanes = group[3 * g + 1] - start;
-    const ck_level_t* L = &levels[group[3 * g + 2]];
-    for (int64_t k = 0; k < L->outputs; k++) L->out[k] = L->out_base[k] + start * L->out_stride[k];
-    const int64_t code = ck_call(L, start, lanes, nw, preempted);
-    if (code) {{ failed[0] = g; failed[1] = code; return {LOOP_FAILED}; }}
-    if (ck_flagged(L)) {{ failed[0] = g; return {LOOP_OUT_OF_RANGE}; }}
+    failed[0] = g;
+    const int64_t status = ck_step(&levels[group[3 * g + 2]], start, start, lanes, nw, failed, 0, preempted);
+    if (status) return status;
   }}
   return {LOOP_DONE};
 }}
@@ -155,17 +171,11 @@ int64_t ck_run_rounds(const ck_rounds_t* R, int nw, int64_t* found, int64_t* fai
   while (total > start) {{
     const int64_t end = total, n = end - start;
     if (round == R->max_rounds) return {ROUNDS_DEEP};
-    if (n > R->lanes_cap) return {ROUNDS_FULL};
+    if (n > R->lanes_cap) return {LOOP_FULL};
     failed[0] = round;
     int64_t members[{MAX_PATHS}] = {{0}};
-    if (R->decide) {{
-      const ck_level_t* D = R->decide;
-      for (int64_t k = 0; k < D->outputs; k++) D->out[k] = D->out_base[k] + start * D->out_stride[k];
-      const int64_t code = ck_call(D, start, n, nw, preempted);
-      failed[2] = -1;
-      if (code) {{ failed[1] = code; return {LOOP_FAILED}; }}
-      if (ck_flagged(D)) return {LOOP_OUT_OF_RANGE};
-    }}
+    int64_t status;
+    if (R->decide && (status = ck_step(R->decide, start, start, n, nw, failed, -1, preempted))) return status;
     for (int64_t c = start; c < end; c++) {{
       int64_t p = 0;
       for (int64_t b = 0; b < R->branches; b++) p |= (int64_t)(R->cond[b][c] != 0) << b;
@@ -182,7 +192,7 @@ int64_t ck_run_rounds(const ck_rounds_t* R, int nw, int64_t* found, int64_t* fai
       while (reach < R->sites && sites[reach] >= 0) reach++;
       const int64_t g = members[p];
       if (!g || !reach) continue;
-      if (total + reach * g > R->calls_cap) return {ROUNDS_FULL};
+      if (total + reach * g > R->calls_cap) return {LOOP_FULL};
       const int64_t* calls = R->order + first[p];
       for (int64_t i = 0; i < g; i++)
         for (int64_t k = 0; k < columns; k++)
@@ -190,10 +200,7 @@ int64_t ck_run_rounds(const ck_rounds_t* R, int nw, int64_t* found, int64_t* fai
       for (int64_t k = 0; k < P->outputs; k++)
         P->out[k] = k == P->flag ? P->out_base[k]
                     : P->out_base[k] + (total + k / R->varying * g) * P->out_stride[k];
-      const int64_t code = ck_call(P, 0, g, nw, preempted);
-      failed[2] = p;
-      if (code) {{ failed[1] = code; return {LOOP_FAILED}; }}
-      if (ck_flagged(P)) return {LOOP_OUT_OF_RANGE};
+      if ((status = ck_done(P, ck_call(P, 0, g, nw, preempted), failed, p))) return status;
       for (int64_t r = 0; r < reach; r++)
         for (int64_t i = 0; i < g; i++) {{
           const int64_t child = total + r * g + i;
@@ -227,10 +234,6 @@ typedef struct {{
   int64_t *final_row, *ran;                    /* per lane */
 }} ck_while_t;
 
-static void ck_point(const ck_level_t* L, int64_t start) {{
-  for (int64_t k = 0; k < L->outputs; k++) L->out[k] = L->out_base[k] + start * L->out_stride[k];
-}}
-
 int64_t ck_run_while(const ck_while_t* W, int nw, int64_t* failed, int64_t* preempted) {{
   const int64_t L = W->count;
   int64_t n = L;
@@ -239,11 +242,8 @@ int64_t ck_run_while(const ck_while_t* W, int nw, int64_t* failed, int64_t* pree
     const int64_t block = t * L;
     failed[0] = t;
     for (int64_t r = 0; r < n; r++) W->counter[block + r] = t;
-    ck_point(W->cond, block);
-    int64_t code = ck_call(W->cond, block, n, nw, preempted);
-    failed[2] = 0;
-    if (code) {{ failed[1] = code; return {LOOP_FAILED}; }}
-    if (ck_flagged(W->cond)) return {LOOP_OUT_OF_RANGE};
+    int64_t status = ck_step(W->cond, block, block, n, nw, failed, 0, preempted);
+    if (status) return status;
     int64_t m = 0;
     for (int64_t r = 0; r < n; r++) {{
       const int64_t row = block + r, lane = W->holder[row];
@@ -253,13 +253,9 @@ int64_t ck_run_while(const ck_while_t* W, int nw, int64_t* failed, int64_t* pree
       m++;
     }}
     if (!m) return {LOOP_DONE};
-    if (W->max_iterations >= 0 && t >= W->max_iterations) return {WHILE_ITERATIONS};
-    if (t >= W->steps_cap) return {ROUNDS_FULL};
-    ck_point(W->body, block);
-    code = ck_call(W->body, block, m, nw, preempted);
-    failed[2] = 1;
-    if (code) {{ failed[1] = code; return {LOOP_FAILED}; }}
-    if (ck_flagged(W->body)) return {LOOP_OUT_OF_RANGE};
+    if (W->max_iterations >= 0 && t >= W->max_iterations) return {LOOP_ITERATIONS};
+    if (t >= W->steps_cap) return {LOOP_FULL};
+    if ((status = ck_step(W->body, block, block, m, nw, failed, 1, preempted))) return status;
     for (int64_t i = 0; i < m; i++) W->holder[block + L + i] = W->lane_at[block + i];
     n = m;
   }}
@@ -280,15 +276,6 @@ typedef struct {{
   int64_t *at, *order;                  /* count entries each: a row's inner row now, the rows still inside */
 }} ck_nested_t;
 
-static int64_t ck_step(const ck_level_t* L, int64_t in_start, int64_t out_start, int64_t lanes, int nw,
-                       int64_t* failed, int64_t which, int64_t* preempted) {{
-  ck_point(L, out_start);
-  const int64_t code = ck_call(L, in_start, lanes, nw, preempted);
-  failed[2] = which;
-  if (code) {{ failed[1] = code; return {LOOP_FAILED}; }}
-  return ck_flagged(L) ? {LOOP_OUT_OF_RANGE} : {LOOP_DONE};
-}}
-
 int64_t ck_run_nested(const ck_nested_t* N, int nw, int64_t* failed, int64_t* preempted) {{
   const int64_t L = N->count;
   int64_t status;
@@ -302,7 +289,7 @@ int64_t ck_run_nested(const ck_nested_t* N, int nw, int64_t* failed, int64_t* pr
         memcpy(N->carried[k] + i * N->row_bytes[k], N->init_from[k] + (block + i) * N->row_bytes[k],
                N->row_bytes[k]);
       N->at[i] = N->final[block + i] = i;   /* block 0 row i: its initial, then its last, inner values */
-      if (N->max_iterations >= 0 && N->trips[block + i] > N->max_iterations) return {WHILE_ITERATIONS};
+      if (N->max_iterations >= 0 && N->trips[block + i] > N->max_iterations) return {LOOP_ITERATIONS};
       if (N->trips[block + i] > 0) N->order[m++] = i;
     }}
     for (int64_t s = 0; m; s++) {{
