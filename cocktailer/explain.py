@@ -108,7 +108,9 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
                          "they would have padded to the longest instance")
         if schedule.loop_programs or schedule.stepped_loops:
             lines.append(f"  runs of loops with every step in one native call (loop programs: lanes sorted by trip "
-                         f"count and by the arms they take, the steps run by the native loop): {schedule.loop_programs}")
+                         f"count and by the arms they take, the steps run by the native loop; a loop ending on a "
+                         f"condition drops its lanes step by step, a loop holding a loop runs both): "
+                         f"{schedule.loop_programs}")
             lines += [f"    loop at {where} ran step by step from Python: {why}"
                       for where, why in schedule.stepped_loops.items()]
         for name, how in schedule.inspectors.items():
