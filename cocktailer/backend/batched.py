@@ -101,8 +101,7 @@ class NestedLayout(ctypes.Structure):
                 ("trips", ctypes.c_void_p), ("inits", ctypes.c_int64), ("init_from", ctypes.c_void_p),
                 ("carried", ctypes.c_void_p), ("row_bytes", ctypes.c_void_p), ("counter", ctypes.c_void_p),
                 ("lane", ctypes.c_void_p), ("source", ctypes.c_void_p), ("outer_row", ctypes.c_void_p),
-                ("lane_at", ctypes.c_void_p), ("final", ctypes.c_void_p), ("at", ctypes.c_void_p),
-                ("order", ctypes.c_void_p)]
+                ("lane_at", ctypes.c_void_p), ("at", ctypes.c_void_p), ("order", ctypes.c_void_p)]
 
 
 _library = None
@@ -239,11 +238,11 @@ class LevelRun:
 
     def run_nested(self, programs: tuple[int, int, int], count: int, active: torch.Tensor, trips: torch.Tensor,
                    inits: list[torch.Tensor], carried: list[torch.Tensor], per_row: list[torch.Tensor],
-                   lane_at: torch.Tensor, final: torch.Tensor, max_iterations: int | None):
+                   lane_at: torch.Tensor, max_iterations: int | None):
         """Run the nested loop (`codegen.level_loop`) of the bound programs (pre, inner, post):
         `active` lanes per outer step, pre's inner `trips` and `inits` (one row per outer row),
         the inner loop's `carried` tables, its body's `per_row` inputs (counter, lane, source,
-        outer row); fills `final`. Raises where an inner count is past `max_iterations`, for an
+        outer row). Raises where an inner count is past `max_iterations`, for an
         index out of range, and what a failing entry's error code means."""
         entries = [LevelEntry.from_buffer_copy(self.entries[k]) for k in programs]
         scratch = torch.empty(2, count, dtype=torch.int64)
@@ -253,7 +252,7 @@ class LevelRun:
                               ctypes.addressof(init_at := _pointers([t.data_ptr() for t in inits])),
                               ctypes.addressof(carried_at := _pointers([t.data_ptr() for t in carried])),
                               (row_bytes := _strides([t.stride(0) * t.element_size() for t in carried])).data_ptr(),
-                              *[t.data_ptr() for t in per_row], lane_at.data_ptr(), final.data_ptr(),
+                              *[t.data_ptr() for t in per_row], lane_at.data_ptr(),
                               scratch[0].data_ptr(), scratch[1].data_ptr())
         failed = torch.zeros(3, dtype=torch.int64)
         status = self._timed(lambda workers, preempted: _loops().ck_run_nested(

@@ -402,7 +402,7 @@ def run_nested_program(nest: NestedProgram, env: dict, count: int, trips: torch.
     exported = [table(("exported", j), (steps * count, *v.type.shape), v.type.dtype)
                 for j, v in enumerate(nest.exported)]
     inner = [table(("inner", k), (3 * count, *ty.shape), ty.dtype) for k, ty in enumerate(nest.inner_types)]
-    final = torch.zeros(steps * count, dtype=torch.int64)
+    final = torch.arange(count).repeat(steps)   # an outer row's last inner values: its row of the inner block 0
     counter, lane, source, outer_row = (torch.zeros(count, dtype=torch.int64) for _ in range(4))
     outer_rows = {"counter": torch.arange(steps).repeat_interleave(count), "root": layout.lane_at}
     made = {"exported": exported, "inner": inner}
@@ -429,13 +429,14 @@ def run_nested_program(nest: NestedProgram, env: dict, count: int, trips: torch.
     post = bind(nest.post, {**outer_rows, "final": final}, {"inner"}, [t[count:] for t in tables], True)
     active = torch.bincount(_active(trips, steps)[0], minlength=steps)
     run.run_nested((pre, body, post), count, active, exported[nest.trip], [exported[j] for j in nest.inits], inner,
-                   [counter, lane, source, outer_row], layout.lane_at, final, max_iterations)
+                   [counter, lane, source, outer_row], layout.lane_at, max_iterations)
     lanes = torch.arange(count)
     last = torch.where(trips > 0, trips * count + layout.row_of[(trips - 1).clamp(min=0), lanes], layout.slot)
     return [Lanes(t.index_select(0, last)) for t in tables]
 
 
-def _carried_tables(loop: LoopProgram | NestedProgram, carried: list, count: int, steps: int, order: torch.Tensor, table) -> list:
+def _carried_tables(loop: LoopProgram | NestedProgram, carried: list, count: int, steps: int, order: torch.Tensor,
+                    table) -> list:
     """A table of steps + 1 blocks of `count` rows per carried value, block 0 its initial value
     of each lane in `order`; a buffer kept in place as its own copy (it is returned)."""
     tables = []

@@ -76,7 +76,7 @@ The outer loop's lanes are sorted by trip count, so those in the loop at step t 
   the block step s - 1 wrote), and what `pre` made at the row's outer row (`outer_row`); a row
   that leaves has its last values copied back to its row of block 0, which no step reads again;
 - `post` (the ops after the inner loop) over the step's rows again, reading each row's last
-  inner values at `final` (its row of block 0) and writing the outer carried values' block t + 1.
+  inner values from its row of block 0 and writing the outer carried values' block t + 1.
 
     int64_t ck_run_nested(const ck_nested_t* N, int nw, int64_t* failed, int64_t* preempted)
 
@@ -272,7 +272,6 @@ typedef struct {{
   const int64_t* row_bytes;
   int64_t *counter, *lane, *source, *outer_row;   /* the inner body's per-row inputs (count rows) */
   const int64_t* lane_at;               /* each outer row's lane */
-  int64_t* final;                       /* per outer row: the row of the inner tables holding its last values */
   int64_t *at, *order;                  /* count entries each: a row's inner row now, the rows still inside */
 }} ck_nested_t;
 
@@ -288,7 +287,7 @@ int64_t ck_run_nested(const ck_nested_t* N, int nw, int64_t* failed, int64_t* pr
       for (int64_t k = 0; k < N->inits; k++)
         memcpy(N->carried[k] + i * N->row_bytes[k], N->init_from[k] + (block + i) * N->row_bytes[k],
                N->row_bytes[k]);
-      N->at[i] = N->final[block + i] = i;   /* block 0 row i: its initial, then its last, inner values */
+      N->at[i] = i;   /* block 0 row i: its initial, then its last, inner values */
       if (N->max_iterations >= 0 && N->trips[block + i] > N->max_iterations) return {LOOP_ITERATIONS};
       if (N->trips[block + i] > 0) N->order[m++] = i;
     }}

@@ -111,7 +111,10 @@ def render_cat(op: Operation, ctx: KernelContext) -> str:
 def _view(op: Operation, x: Value, dynamic: list[Value], ctx: KernelContext):
     """Resolve the key into (checks: C lines, base: C expr, sizes, strides) of the view x[key].
     An index into a dim of a symbolic size is wrapped and checked at run time, as a ("dyn",)
-    one is; a slice of such a dim takes all of it (type inference allows no other)."""
+    one is; a slice of such a dim takes all of it (type inference allows no other). A key over
+    lanes (`ir.ops.build_key`) gives lane `k_l`'s view: ("lanes",) and each ("lane",) index, its
+    entry for lane k_l (every worker checks every lane's, so all agree), add to the base, and
+    the sizes are one lane's region."""
     syms = tuple(x.type.shape)
     shape = c_shape(ctx, syms)
     st = strides_of(shape)
@@ -142,6 +145,15 @@ def _view(op: Operation, x: Value, dynamic: list[Value], ctx: KernelContext):
             checks.append(f"if ({name} < 0) {ctx.fail(message)}")
             base.append(f"{name} * {st[dim]}")
             dim += 1
+        elif kind == "lanes":
+            base.append(product("k_l", st[dim]))
+            dim += 1
+        elif kind == "lane":
+            index, bad = f"ck_wrap((int64_t){ctx.ptr(next(dyn))}[k_l], {shape[dim]})", ctx.fresh("k_bad")
+            checks.append(f"int {bad} = 0; for (int64_t k_l = 0; k_l < {shape[0]}; ++k_l) {bad} |= {index} < 0;")
+            checks.append(f"if ({bad}) {ctx.fail(f'index out of range for dimension {dim} of size {syms[dim]}')}")
+            base.append(f"{index} * {st[dim]}")
+            dim += 1
         elif kind == "new":
             sizes.append(1)
             strides.append(0)
@@ -152,58 +164,16 @@ def _view(op: Operation, x: Value, dynamic: list[Value], ctx: KernelContext):
     return checks, " + ".join(base) if base else "0", sizes, strides
 
 
-def _lane_view(op: Operation, x: Value, dynamic: list[Value], ctx: KernelContext):
-    """A key over lanes (`ir.ops.build_key`): x's first dim is the lanes' (the key's ("lanes",)),
-    and a ("lane",) item indexes a dim of each lane's own tensor by that lane's entry of its
-    operand. Resolves it into
-    (checks, the lane count, a C expression of lane k_l's base offset, the sizes and strides of
-    one lane's region). Every worker checks every lane's index, so all agree."""
-    syms = tuple(x.type.shape)
-    shape = c_shape(ctx, syms)
-    st = strides_of(shape)
-    checks, base, sizes, strides = ["int k_bad = 0;"], [product("k_l", st[0])], [], []
-    dim, dyn = 1, iter(dynamic)
-    for item in op.attrs["key"][1:]:
-        kind = item[0]
-        if kind == "lane":
-            ix = ctx.ptr(next(dyn))
-            checks.append(f"for (int64_t k_l = 0; k_l < {shape[0]}; ++k_l) "
-                          f"k_bad |= ck_wrap((int64_t){ix}[k_l], {shape[dim]}) < 0;")
-            base.append(f"ck_wrap((int64_t){ix}[k_l], {shape[dim]}) * {st[dim]}")
-            dim += 1
-        elif kind == "new":
-            sizes.append(1)
-            strides.append(0)
-        elif kind == "slice" and (isinstance(shape[dim], str) or takes_whole(item)):
-            if not takes_whole(item):
-                raise SymbolicSizeError(syms[dim], "a slice of part of a dim")
-            sizes.append(shape[dim])
-            strides.append(st[dim])
-            dim += 1
-        elif kind == "slice":
-            start, stop, step = slice(*item[1:]).indices(shape[dim])
-            sizes.append(len(range(start, stop, step)))
-            strides.append(product(step, st[dim]))
-            base.append(str(product(start, st[dim])))
-            dim += 1
-        else:   # "int", "dyn": the same index in every lane
-            index = f"(int64_t){ctx.ptr(next(dyn))}[0]" if kind == "dyn" else str(item[1])
-            checks.append(f"k_bad |= ck_wrap({index}, {shape[dim]}) < 0;")
-            base.append(f"ck_wrap({index}, {shape[dim]}) * {st[dim]}")
-            dim += 1
-    checks.append(f"if (k_bad) {ctx.fail('index out of range for its lane')}")
-    return checks, shape[0], " + ".join(base), sizes + list(shape[dim:]), strides + list(st[dim:])
-
-
 def _render_select_lanes(op: Operation, ctx: KernelContext) -> str:
     """Each lane's own region of its own tensor: a split over the lanes."""
     x, out = op.operands[0], op.results[0]
-    checks, lanes, base, sizes, strides = _lane_view(op, x, op.operands[1:], ctx)
-    region = numel(sizes)
+    checks, base, sizes, strides = _view(op, x, op.operands[1:], ctx)
+    lanes, region = c_shape(ctx, x.type.shape)[0], numel(sizes)
     if product(lanes, region) == 0:
         return ""
     read = convert(f"k_x[k_b + {offset_expr('k_r', sizes, strides)}]", x.type.dtype, out.type.dtype)
-    return block(*checks, f"const {ctype(x.type.dtype)}* k_x = {ctx.ptr(x)}; {ctype(out.type.dtype)}* k_y = {ctx.ptr(out)};",
+    return block(*checks, f"const {ctype(x.type.dtype)}* k_x = {ctx.ptr(x)};",
+                 f"{ctype(out.type.dtype)}* k_y = {ctx.ptr(out)};",
                  split(ctx, lanes, 1),
                  "for (int64_t k_l = k_lo; k_l < k_hi; ++k_l) {",
                  f"const int64_t k_b = {base};",
@@ -217,8 +187,8 @@ def _render_update_lanes(op: Operation, ctx: KernelContext) -> str:
     x, v = op.operands[:2]
     out = op.results[0]
     n = numel(c_shape(ctx, out.type.shape))
-    checks, lanes, base, sizes, strides = _lane_view(op, x, op.operands[2:], ctx)
-    region = numel(sizes)
+    checks, base, sizes, strides = _view(op, x, op.operands[2:], ctx)
+    lanes, region = c_shape(ctx, x.type.shape)[0], numel(sizes)
     if n == 0 or region == 0:
         return ""
     T = ctype(out.type.dtype)
