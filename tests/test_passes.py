@@ -456,3 +456,95 @@ def test_an_integer_division_keeps_its_zero_check_when_fused_around():
         f(a, torch.tensor([0]))
     with pytest.raises(cocktailer.CompiledCallError, match="division by zero"):
         fast(a, torch.tensor([0]))
+
+
+# -- common subexpressions ------------------------------------------------------------------
+
+class Spawn(nn.Module):
+    """DRNN's spawn: `ancestral(h)` written twice, one GEMM after capture."""
+
+    def __init__(self):
+        super().__init__()
+        self.ancestral, self.fraternal = nn.Linear(8, 8), nn.Linear(8, 8, bias=False)
+
+    def forward(self, h):
+        first = torch.tanh(self.ancestral(h))
+        second = torch.tanh(self.ancestral(h) + self.fraternal(first))
+        return first, second
+
+
+def test_a_repeated_projection_is_computed_once():
+    torch.manual_seed(0)
+    h = torch.randn(3, 8)
+    program = cocktailer.capture(Spawn().eval(), (h,))
+    assert sum(op.op is Op.MATMUL for op in program.walk()) == 2
+    assert sum(op.op is Op.CONST and op.attrs["name"].startswith("permute(ancestral") for op in program.walk()) == 1
+    assert_matches_eager(Spawn(), [(h,), (torch.randn(5, 8),)])
+
+
+def _twice_in_a_loop(x, w):
+    y = x @ w
+    for t in range(x.shape[0]):
+        y = y + torch.tanh(x @ w)   # the product before the loop, again
+    return y
+
+
+def test_a_loop_body_reuses_a_value_computed_before_the_loop():
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    program = cocktailer.capture(_twice_in_a_loop, (x, w))
+    assert sum(op.op is Op.MATMUL for op in program.walk()) == 1
+    assert_matches_eager(_twice_in_a_loop, [(x, w), (torch.randn(2, 4), w)])
+
+
+def _alike_in_both_arms(x):
+    y = x * 2
+    if x.sum() > 0:
+        z = torch.tanh(x * 3)
+    else:
+        z = torch.sigmoid(x * 3)
+    return y, z, torch.exp(x * 3)
+
+
+def test_an_op_is_not_reused_from_an_arm_that_may_not_have_run():
+    x = torch.randn(4)
+    program = cocktailer.capture(_alike_in_both_arms, (x,))
+    (branch,) = [op for op in program.walk() if op.op is Op.IF]
+    assert [sum(op.op is Op.MUL for op in arm.ops) for arm in branch.regions] == [1, 1]
+    assert sum(op.op is Op.MUL for op in program.main.body.ops) == 2   # x * 2, and x * 3 after the if
+    assert_matches_eager(_alike_in_both_arms, [(x,), (-x.abs(),)])
+
+
+def _outputs_alike(x):
+    a = x + 1
+    b = x + 1
+    return a, b, (x * 2).view(2, 2), (x * 2).view(4)
+
+
+@pytest.mark.parametrize("backend", backends_under_test())
+def test_outputs_computed_alike_are_distinct_tensors(backend):
+    """Eager returns four tensors of their own memory: a write into one reaches no other."""
+    x = torch.randn(4)
+    fast = cocktailer.compile(_outputs_alike, backend=backend)
+    with torch.no_grad():
+        outs = fast(x)
+    assert len({o.untyped_storage().data_ptr() for o in outs}) == 4
+    outs[0].add_(10)
+    outs[2].add_(10)
+    torch.testing.assert_close(outs[1], x + 1)
+    torch.testing.assert_close(outs[3], x * 2)
+
+
+def _carried_alike(x, n: int):
+    h = x + 1
+    g = x + 1   # a loop's initial value may come back as its result
+    for _ in range(n):
+        g = g * 2
+    return h, g
+
+
+def test_a_loop_initial_value_computed_alike_is_kept():
+    x = torch.randn(4)
+    for n in (0, 2):
+        program = cocktailer.capture(_carried_alike, (x, n))
+        assert sum(op.op is Op.ADD for op in program.walk()) == 2
+    assert_matches_eager(_carried_alike, [(x, 0)])

@@ -252,7 +252,8 @@ def test_explain_lists_ir_passes_candidates_levels_and_uprogram():
     sections = [line for line in text.splitlines() if line.startswith("== ")]
     assert [s.split(" ")[1] for s in sections] == ["captured", "IR", "policy:", "control", "uProgram"]
     assert "== IR after the cpu backend's passes (distribute_loops, hoist_invariant_matmuls, dce_after_hoisting" in text
-    assert "passes applied: forward_invariant_results, dce, fold_constants, hoist_loop_invariants, dce_after_folding" in text
+    assert ("passes applied: forward_invariant_results, dce, fold_constants, hoist_loop_invariants, "
+            "eliminate_common_subexpressions, dce_after_folding") in text
     assert "func @forward" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| step")]
     steps = [r.split(" | ")[0] for r in rows]

@@ -84,7 +84,7 @@ def test_place_wave_balances_or_keeps_every_op_on_all_workers():
     big = cocktailer.capture(lambda x, a, b: (x @ a, x @ b), args((8, 64), (64, 64), (64, 256)))
     mm, wide = [op for op in big.main.body.ops if op.op is Op.MATMUL]
     assert place_wave([mm, wide], 2) == {}   # 32K and 131K multiply-adds: unbalanced, each on all workers in turn
-    moves = cocktailer.capture(lambda x: (x.permute(1, 0) + 0, x.t() * 1), args((256, 64),)).main.body.ops
+    moves = cocktailer.capture(lambda x, y: (x.permute(1, 0) + 0, y.t() * 1), args((256, 64), (256, 64))).main.body.ops
     permutes = [op for op in moves if op.op is Op.PERMUTE]
     assert len(permutes) == 2 and place_wave(permutes, 2) == {}   # data movement stays on all workers
 

@@ -23,8 +23,6 @@ import torch
 
 from cocktailer.ir import Op, Region, TensorType, Value
 
-VIEW_OPS = (Op.SELECT, Op.RESHAPE, Op.PERMUTE, Op.EXPAND)
-
 
 @dataclass(frozen=True)
 class ViewStep:

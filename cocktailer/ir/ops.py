@@ -72,6 +72,7 @@ ELEMENTWISE = UNARY | BINARY | {Op.WHERE}
 REDUCE = frozenset({Op.SUM, Op.MEAN, Op.PROD, Op.AMAX, Op.AMIN, Op.ANY, Op.ALL, Op.ARGMAX, Op.ARGMIN})
 CREATION = frozenset({Op.SCALAR, Op.FULL, Op.ARANGE})   # need the program's device
 CONTROL = frozenset({Op.IF, Op.LOOP, Op.CALL})
+VIEWS = frozenset({Op.SELECT, Op.RESHAPE, Op.PERMUTE, Op.EXPAND})   # results share their operand's memory in eager
 
 # Number of operands, where fixed (None: variadic or checked elsewhere).
 ARITY: dict[Op, int | None] = {

@@ -10,6 +10,7 @@ from typing import Callable
 from cocktailer import settings
 from cocktailer.ir import Program, format_program, verify
 from cocktailer.passes.carries import forward_invariant_results
+from cocktailer.passes.cse import eliminate_common_subexpressions
 from cocktailer.passes.dce import dce
 from cocktailer.passes.fold_constants import fold_constants
 from cocktailer.passes.licm import hoist_loop_invariants
@@ -21,6 +22,7 @@ CAPTURE_PIPELINE: list[tuple[str, Pass]] = [
     ("dce", dce),
     ("fold_constants", fold_constants),
     ("hoist_loop_invariants", hoist_loop_invariants),
+    ("eliminate_common_subexpressions", eliminate_common_subexpressions),   # after hoisting: a hoisted op may repeat one before the loop
     ("dce_after_folding", dce),
 ]
 
