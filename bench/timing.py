@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import gc
 import pathlib
+import random
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -42,8 +43,11 @@ def measure(fn: Callable[[], object], budget: Budget) -> list[float]:
 
 def measure_interleaved(fns: list[Callable[[], object]], budget: Budget) -> list[list[float]]:
     """Seconds of each timed call of each of `fns`, timed in rounds (one call of each per
-    round) until every one has the budget's minimum runs and time, or the round limits. A
-    function marked `reports_seconds` returns its own time (measured in another process)."""
+    round) until every one has the budget's minimum runs and time, or the round limits. Each
+    round calls them in another order (shuffled, seeded): a call can slow the call after it
+    (another thread pool still spinning, caches filled with its data), and no function should
+    always come after the same one. A function marked `reports_seconds` returns its own time
+    (measured in another process)."""
     for _ in range(budget.warmup):
         for fn in fns:
             fn()
@@ -51,10 +55,13 @@ def measure_interleaved(fns: list[Callable[[], object]], budget: Budget) -> list
     was_enabled = gc.isenabled()
     gc.disable()
     times: list[list[float]] = [[] for _ in fns]
+    shuffle = random.Random(0)
     start = time.perf_counter()
     try:
         while fns and len(times[0]) < budget.max_runs:
-            for fn, samples in zip(fns, times):
+            order = list(zip(fns, times))
+            shuffle.shuffle(order)
+            for fn, samples in order:
                 t0 = time.perf_counter_ns()
                 reported = fn()
                 elapsed = (time.perf_counter_ns() - t0) * 1e-9

@@ -304,3 +304,16 @@ def test_a_baseline_commit_runs_in_a_process_of_its_own_and_times_itself():
             peer.ask("prepare", "no-such-model", 1, "small", 0, "cpu", None)
     finally:
         peer.close()
+
+
+def test_interleaved_rounds_do_not_always_run_the_systems_in_the_same_order():
+    """A call slows the call after it: no system may always follow the same one."""
+    from bench.timing import Budget, measure_interleaved
+    calls: list[str] = []
+    fns = [lambda name=name: calls.append(name) for name in "abc"]
+    times = measure_interleaved(fns, Budget(warmup=0, min_runs=30, min_seconds=0.0, max_runs=30))
+    assert [len(t) for t in times] == [30, 30, 30]
+    rounds = [tuple(calls[k:k + 3]) for k in range(0, len(calls), 3)]
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds)
+    after = {(x, y) for r in rounds for x, y in zip(r, r[1:])}
+    assert {(x, y) for x in "abc" for y in "abc" if x != y} <= after
