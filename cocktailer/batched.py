@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import torch
 
 from cocktailer import pytree
-from cocktailer.api import CompiledFunction, GradFallbackWarning, _as_tuple
+from cocktailer.api import CompiledFunction, GradFallbackWarning, _as_tuple, _leaf_key
 from cocktailer.batching import BatchedExecutor, Techniques
 from cocktailer.errors import CocktailerError, CompiledCallError, InternalError, UnsupportedError
 from cocktailer.ir import Program
@@ -74,19 +74,15 @@ class BatchedFunction:
             return [self.fn(*args, **kwargs) for args, kwargs, _ in instances]
         groups: dict[tuple, list[int]] = {}
         prepared = self._prepared(instances)
-        for i in range(len(instances)):
-            leaves, trees, (program, run) = prepared[i]
-            tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-            prepared[i] = (program, run, leaves, trees, tensors)
-            key = (id(program), self._executor(program).group_key(tensors))
-            groups.setdefault(key, []).append(i)
+        for i, (_, _, _, _, _, group) in enumerate(prepared):
+            groups.setdefault(group, []).append(i)
         results: list = [None] * len(instances)
         bad, reasons = [], []
         for members in sorted(groups.values(), key=len, reverse=True):
             program = prepared[members[0]][0]
             yields = self._run_group(program, [prepared[i][4] for i in members], members)
             for i, out in zip(members, yields):
-                program, run, leaves, trees, tensors = prepared[i]
+                program, run, leaves, trees, tensors, _ = prepared[i]
                 try:   # (a result that is a view of another, `h[2]` of h, is made here: it may be out of range)
                     results[i] = self.single._finish(program, run, out, leaves, trees, tensors, fresh=True)
                 except (IndexError, RuntimeError) as e:
@@ -111,19 +107,33 @@ class BatchedFunction:
         return (*bound, flat)
 
     def _prepared(self, instances: list) -> list:
-        """Each instance's (leaves, trees, (program, run)). An instance of sizes not seen before
-        is captured, running the model on it: where that fails (an index out of its range, say),
-        every such instance is named."""
+        """Each instance's (program, run, leaves, trees, tensors, group): `group` is equal for
+        instances that run together (a program, one set of shapes). An instance of sizes not
+        seen before is captured, running the model on it: where that fails (an index out of
+        its range, say), every such instance is named. Instances of plain tensors with the same
+        layouts share one program and group, found once per batch."""
         prepared, bad, reasons = [], [], []
+        by_layout: dict[tuple, tuple] = {}
         with self.single.guards_checked_once():
             for i, (args, kwargs, flat) in enumerate(instances):
+                layout = _tensor_layouts(flat[0]) if flat[1] is self._structure[0] else None
+                found = by_layout.get(layout) if layout is not None else None
+                if found is not None:
+                    prepared.append((*found[:2], flat[0], [], flat[0], found[2]))
+                    continue
                 try:
-                    prepared.append(self.single._prepare(args, kwargs, flat))
+                    leaves, trees, (program, run) = self.single._prepare(args, kwargs, flat)
                 except InternalError:
                     raise
                 except Exception as e:   # CocktailerError, or the model's own exception while it was captured
                     bad.append(i)
                     reasons.append(f"{type(e).__name__}: {e}")
+                    continue
+                tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+                group = (id(program), self._executor(program).group_key(tensors))
+                prepared.append((program, run, leaves, trees, tensors, group))
+                if layout is not None:
+                    by_layout[layout] = (program, run, group)
         if bad:
             raise BatchInputError(bad, reasons)
         return prepared
@@ -167,6 +177,14 @@ class BatchedFunction:
                 reasons.append(f"{type(e).__name__}: {e}")
         if bad:
             raise BatchInputError(bad, reasons)
+
+
+def _tensor_layouts(leaves: list) -> tuple | None:
+    """What selects an instance's program where its arguments are plain tensors (as `compile`'s
+    cache key does: shapes, dtypes, devices, strides where not contiguous); None otherwise."""
+    if not all(type(x) is torch.Tensor for x in leaves):
+        return None
+    return tuple(_leaf_key(x) for x in leaves)
 
 
 def _structure(flat: tuple) -> tuple:

@@ -454,6 +454,22 @@ def test_writes_into_each_instances_inputs_and_returns_it():
     assert all(out is a[0] for out, a in zip(outs, mine)), "`return x` returns the instance's own tensor"
 
 
+class WritesThroughReshape(nn.Module):
+    """`reshape` is a view of a contiguous tensor and a copy of a transposed one: the write
+    reaches the argument or not, by each instance's own layout."""
+
+    def forward(self, x):
+        y = x.reshape(-1)
+        y.mul_(2)
+        return x + 0, y
+
+
+def test_instances_of_one_shape_and_different_layouts_each_get_their_own_program():
+    square = [randn(3, 3, seed=k) for k in range(6)]
+    instances = [(m if k % 2 else m.t(),) for k, m in enumerate(square)]   # contiguous, transposed, ...
+    assert_batch_matches(WritesThroughReshape(), instances)
+
+
 def test_results_are_ordinary_tensors_the_caller_may_write_into():
     model = CountedLoop().eval()
     instances = [(randn(6, seed=k), torch.tensor(k)) for k in range(4)]
