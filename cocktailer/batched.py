@@ -22,6 +22,7 @@ from cocktailer.api import CompiledFunction, GradFallbackWarning, _as_tuple, _le
 from cocktailer.batching import BatchedExecutor, Techniques
 from cocktailer.errors import CocktailerError, CompiledCallError, InternalError, UnsupportedError
 from cocktailer.ir import Program
+from cocktailer.passes.fold_constants import refresh_derived
 from cocktailer.reference import ReferenceExecutor
 
 
@@ -151,6 +152,7 @@ class BatchedFunction:
     def _run_group(self, program: Program, tensors: list[list[torch.Tensor]], members: list[int]) -> list:
         """The program's yields for each instance of one group (a program, one set of shapes)."""
         executor = self._executor(program)
+        refresh_derived(program)   # constants folded from weights written in place since (load_state_dict)
         try:
             # no_grad, not inference_mode: results are the user's, who may write into them in place
             # (writes into inputs reach the stacked copies; _finish copies them back)

@@ -498,6 +498,29 @@ def test_a_result_the_same_for_every_instance_is_each_instances_own():
     assert not torch.equal(shared[0], shared[1]) and torch.equal(shared[1], shared[2])
 
 
+@pytest.mark.parametrize("name", ["counted", "treelstm"])
+def test_weights_changed_in_place_after_batching_are_used(name):
+    """`load_state_dict`, an optimizer step: the transposed weights folded at capture are
+    computed again before the next batch, as compile's are before its next call."""
+    if name == "counted":
+        model, instances = CountedLoop().eval(), [(randn(6, seed=k), torch.tensor(k % 4)) for k in range(6)]
+        weight = model.cell.weight
+    else:
+        w = models.make(name, batch=1, size="small", seed=0)
+        model = w.model.eval()
+        instances = [w.inputs] + [models.make(name, batch=1, size="small", seed=s).inputs for s in range(1, 4)]
+        weight = next(p for p in model.parameters() if p.dim() == 2)
+    batched = assert_batch_matches(model, instances)
+    with torch.no_grad():
+        weight.mul_(-0.5)
+        try:
+            outs, expected = batched(_clone(instances)), [model(*a) for a in _clone(instances)]
+        finally:
+            weight.div_(-0.5)
+    for k, (out, want) in enumerate(zip(outs, expected)):
+        assert_same(out, want, rtol=1e-4, atol=1e-5, path=f"instance {k}")
+
+
 def test_grad_mode_runs_eagerly_with_a_warning():
     model = CountedLoop()
     instances = [(randn(6, seed=k), torch.tensor(2)) for k in range(3)]
