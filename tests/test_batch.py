@@ -1362,6 +1362,33 @@ def test_the_round_loop_makes_room_when_a_batch_has_more_calls_than_it_had():
     _assert_same_tree(by_loop, _call_tree(batched, instances, True, level_loop=False))
 
 
+@native
+def test_the_round_loops_bindings_serve_later_batches_and_weights_changed_in_place():
+    """The round loop's programs are bound once, for the room it made, and repointed for every
+    later batch, whatever its instances; packed weights written in place since are packed again."""
+    from cocktailer.models.throughput import drnn_instances
+    model, instances = drnn_instances(24, "small", seed=7)
+    model.eval()
+    batched = assert_batch_matches(model, instances[:8])
+    (executor,) = batched._executors.values()
+    (rounds,) = executor._rounds.values()
+    bound = dict(rounds.bindings)
+    assert bound
+    for batch in (instances[8:], instances[:5], instances):
+        with torch.no_grad():
+            outs = batched(_clone(batch))
+            for k, (out, args) in enumerate(zip(outs, batch)):
+                assert_same(out, model(*args), rtol=1e-4, atol=1e-5, path=f"instance {k}")
+    assert all(rounds.bindings.get(key) is binding for key, binding in bound.items())
+    with torch.no_grad():
+        model.ancestral.weight.mul_(-0.5)
+        outs = batched(_clone(instances))
+        expected = [model(*args) for args in instances]
+        model.ancestral.weight.div_(-0.5)
+    for k, (out, want) in enumerate(zip(outs, expected)):
+        assert_same(out, want, rtol=1e-4, atol=1e-5, path=f"instance {k} after the weights changed")
+
+
 def _assert_same_tree(found, expected):
     """The round loop numbers the calls as the rounds driven from Python do (by round, then by
     the arms taken, then by site), so the trees are the same tensors."""

@@ -128,12 +128,16 @@ def _loops():
 
 class LevelRun:
     """Level programs bound for one batch, and a run of groups (ranges of call ids, each with
-    the program it runs) that one call of the level loop runs."""
+    the program it runs) that one call of the level loop runs. `bindings`, where the caller
+    keeps one across batches: bindings made before, by what they were made for (program,
+    sizes, layouts), repointed at this batch's tensors instead of being made again."""
 
-    def __init__(self):
+    def __init__(self, bindings: dict | None = None):
         self.programs: list[CompiledProgram] = []
         self.entries: list[LevelEntry] = []
         self.alive: list = []   # what the entries point into
+        self.bindings = bindings
+        self._taken: set[int] = set()   # bindings this run uses already (each is one entry's pointers)
 
     def add(self, compiled: CompiledProgram, inputs: list[torch.Tensor], per_call: list[bool], widest: int,
             outputs: list[torch.Tensor], flag: bool, out_per_call: list[bool] | None = None) -> int:
@@ -145,24 +149,22 @@ class LevelRun:
         lanes, the most any of its groups has."""
         out_per_call = [True] * len(outputs) if out_per_call is None else out_per_call
         inputs = [x.contiguous() for x in inputs]
-        bound = compiled.bind([x[:widest] if lane else x for x, lane in zip(inputs, per_call)])
-        lanes_at = [ERR_SIZES + k for k, (_, position, dim) in enumerate(compiled.entry.sizes)
-                    if per_call[position] and dim == 0]
-        outs = [*outputs, bound.outputs[-1]] if flag else list(outputs)
-        pointers = [_pointers([x.data_ptr() for x in inputs]), _pointers([y.data_ptr() for y in outs])]
-        strides = [_strides([x.stride(0) * x.element_size() if lane else 0 for x, lane in zip(inputs, per_call)]),
-                   _strides([y.stride(0) * y.element_size() if lane else 0 for y, lane in zip(outputs, out_per_call)]
-                            + [0] * flag)]
-        room = [(ctypes.c_void_p * max(len(inputs), 1))(), (ctypes.c_void_p * max(len(outs), 1))()]
-        self.entries.append(LevelEntry(
-            ctypes.cast(bound.function, ctypes.c_void_p).value, len(inputs), len(outs),
-            ctypes.addressof(pointers[0]), strides[0].data_ptr(), ctypes.addressof(room[0]),
-            ctypes.addressof(pointers[1]), strides[1].data_ptr(), ctypes.addressof(room[1]),
-            ctypes.addressof(bound.constants), bound.arena.data_ptr(), bound.stack.data_ptr(), compiled.max_depth,
-            bound.locals.data_ptr(), bound.rets.data_ptr(), ctypes.addressof(bound.err),
-            lanes_at[0] if lanes_at else -1, len(outs) - 1 if flag else -1))
+        key = None if self.bindings is None else (
+            id(compiled), widest, flag, tuple(per_call), tuple(out_per_call),
+            tuple((tuple(x.shape), x.stride(), x.dtype) for x in inputs), tuple((y.stride(), y.dtype) for y in outputs))
+        binding = None if key is None else self.bindings.get(key)
+        if binding is None or id(binding) in self._taken:
+            binding = _Binding(compiled, inputs, per_call, widest, outputs, flag, out_per_call)
+            if key is not None:
+                if len(self.bindings) >= _MAX_BINDINGS:
+                    self.bindings.clear()
+                self.bindings[key] = binding
+        else:
+            binding.repoint(compiled, inputs, outputs)
+        self._taken.add(id(binding))
+        self.entries.append(binding.entry)
         self.programs.append(compiled)
-        self.alive += [inputs, outs, bound, pointers, strides, room]
+        self.alive += [inputs, outputs, binding]
         return len(self.entries) - 1
 
     def run(self, groups: list[tuple[int, int, int]]) -> int | None:
@@ -280,6 +282,41 @@ class LevelRun:
         for program in {id(p): p for p in self.programs}.values():
             program.active_workers.report(workers, preempted.value, seconds)
         return status
+
+_MAX_BINDINGS = 32   # per cache: a caller meeting ever new sizes starts again
+
+
+class _Binding:
+    """A level program bound for the level loop: its entry, and what the entry points into."""
+
+    def __init__(self, compiled: CompiledProgram, inputs: list[torch.Tensor], per_call: list[bool], widest: int,
+                 outputs: list[torch.Tensor], flag: bool, out_per_call: list[bool]):
+        self.bound = bound = compiled.bind([x[:widest] if lane else x for x, lane in zip(inputs, per_call)])
+        lanes_at = [ERR_SIZES + k for k, (_, position, dim) in enumerate(compiled.entry.sizes)
+                    if per_call[position] and dim == 0]
+        outs = [*outputs, bound.outputs[-1]] if flag else list(outputs)
+        self.pointers = [_pointers([x.data_ptr() for x in inputs]), _pointers([y.data_ptr() for y in outs])]
+        self.strides = [_strides([x.stride(0) * x.element_size() if lane else 0 for x, lane in zip(inputs, per_call)]),
+                        _strides([y.stride(0) * y.element_size() if lane else 0
+                                  for y, lane in zip(outputs, out_per_call)] + [0] * flag)]
+        self.room = [(ctypes.c_void_p * max(len(inputs), 1))(), (ctypes.c_void_p * max(len(outs), 1))()]
+        self.entry = LevelEntry(
+            ctypes.cast(bound.function, ctypes.c_void_p).value, len(inputs), len(outs),
+            ctypes.addressof(self.pointers[0]), self.strides[0].data_ptr(), ctypes.addressof(self.room[0]),
+            ctypes.addressof(self.pointers[1]), self.strides[1].data_ptr(), ctypes.addressof(self.room[1]),
+            ctypes.addressof(bound.constants), bound.arena.data_ptr(), bound.stack.data_ptr(), compiled.max_depth,
+            bound.locals.data_ptr(), bound.rets.data_ptr(), ctypes.addressof(bound.err),
+            lanes_at[0] if lanes_at else -1, len(outs) - 1 if flag else -1)
+
+    def repoint(self, compiled: CompiledProgram, inputs: list[torch.Tensor], outputs: list[torch.Tensor]):
+        """The same binding for tensors of the same sizes and layouts elsewhere in memory."""
+        for k, x in enumerate(inputs):
+            self.pointers[0][k] = x.data_ptr()
+        for k, y in enumerate(outputs):   # (the index flag, last, is the binding's own)
+            self.pointers[1][k] = y.data_ptr()
+        self.bound = compiled.rearm(self.bound)
+        self.entry.arena, self.entry.stack = self.bound.arena.data_ptr(), self.bound.stack.data_ptr()
+
 
 def _pointers(addresses: list[int]) -> ctypes.Array:
     return (ctypes.c_void_p * max(len(addresses), 1))(*addresses)

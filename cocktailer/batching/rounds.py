@@ -24,7 +24,7 @@ ablation's "level loop" off, or conditions and arguments the loop cannot hold: `
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
@@ -51,6 +51,9 @@ class RoundProgram:
     looped: str | None = None          # why the round loop cannot run these (None: it can)
     calls_cap: int = 4096              # calls the round loop makes room for (grows, and is kept, when a batch
     lanes_cap: int = 1024              # has more), and the widest round
+    bindings: dict = field(default_factory=dict)   # the round loop's programs bound, kept across batches
+    #                                                (bound at the room above, not at a batch's sizes)
+    room: "RoundRoom | None" = None    # the round loop's tables, kept across batches too
 
     @property
     def levels(self) -> list[LevelProgram]:
@@ -162,20 +165,48 @@ def run_round_loop(rounds: RoundProgram, plan: LevelPlan, args: list, count: int
         rounds.calls_cap, rounds.lanes_cap = rounds.calls_cap * 4, rounds.lanes_cap * 4
 
 
+@dataclass
+class RoundRoom:
+    """The round loop's tables for `calls` call ids and rounds of up to `lanes` calls: kept from
+    one batch to the next (DRNN's are megabytes, and fresh pages fault on first touch)."""
+    calls: int
+    lanes: int
+    columns: list[torch.Tensor]   # per call id: its instance, then each varying argument
+    scratch: list[torch.Tensor]   # per call of a round: the same, gathered by the arms taken
+    cond: list[torch.Tensor]      # per call id: each branch's condition
+    kids: torch.Tensor            # per call id and site: the call it makes there (-1: none)
+    path: torch.Tensor
+    height: torch.Tensor
+    order: torch.Tensor
+
+
+def _room(rounds: RoundProgram, plan: LevelPlan, calls: int, lanes: int) -> RoundRoom:
+    """The round loop's tables, made where the room kept is not of this size; no call made yet."""
+    room = rounds.room
+    if room is None or (room.calls, room.lanes) != (calls, lanes):
+        params = plan.function.params
+        columns = [torch.empty(calls, dtype=torch.int64),
+                   *[torch.empty((calls, *params[j].type.shape), dtype=params[j].type.dtype) for j in rounds.varying]]
+        branches = 0 if rounds.decide is None else len(rounds.decide.outputs)
+        room = rounds.room = RoundRoom(
+            calls, lanes, columns, [torch.empty((lanes, *c.shape[1:]), dtype=c.dtype) for c in columns],
+            [torch.empty(calls, dtype=torch.bool) for _ in range(branches)],
+            torch.empty((calls, len(plan.sites)), dtype=torch.int64), torch.empty(calls, dtype=torch.int64),
+            torch.empty(calls, dtype=torch.int64), torch.empty(lanes, dtype=torch.int64))
+    room.kids.fill_(-1)
+    room.path.zero_()
+    return room
+
+
 def _round_loop(rounds: RoundProgram, plan: LevelPlan, args: list, count: int, stacked: list, per_lane_sizes,
                 max_rounds: int) -> CallTree | None:
-    """The call tree from one call of the round loop, or None where it did not fit."""
-    params = plan.function.params
+    """The call tree from one call of the round loop, or None where it did not fit. The tree's
+    tensors are the room's: the next batch overwrites them."""
     calls, lanes = max(rounds.calls_cap, count), max(rounds.lanes_cap, count)
-    columns = [torch.empty(calls, dtype=torch.int64),
-               *[torch.empty((calls, *params[j].type.shape), dtype=params[j].type.dtype) for j in rounds.varying]]
+    room = _room(rounds, plan, calls, lanes)
+    columns, scratch, cond, kids, path, height = room.columns, room.scratch, room.cond, room.kids, room.path, room.height
     for column, j in zip(columns[1:], rounds.varying):
         column[:count] = rows(args[j], count)
-    scratch = [torch.empty((lanes, *c.shape[1:]), dtype=c.dtype) for c in columns]
-    branches = 0 if rounds.decide is None else len(rounds.decide.outputs)
-    cond = [torch.empty(calls, dtype=torch.bool) for _ in range(branches)]
-    kids = torch.full((calls, len(plan.sites)), -1, dtype=torch.int64)
-    path, height = torch.zeros(calls, dtype=torch.int64), torch.empty(calls, dtype=torch.int64)
 
     def per_call(table: list[torch.Tensor]) -> SimpleNamespace:
         return SimpleNamespace(root=table[0], arguments=dict(zip(rounds.varying, table[1:])))
@@ -185,14 +216,13 @@ def _round_loop(rounds: RoundProgram, plan: LevelPlan, args: list, count: int, s
         return run.add(level.compiled, inputs, [kind in PER_CALL for kind, *_ in level.inputs], lanes, outputs,
                        level.checks)
 
-    run = LevelRun()
+    run = LevelRun(rounds.bindings)
     decide = None if rounds.decide is None else bind(rounds.decide, columns, cond)
     paths = [None if not rounds.reached[p] else bind(level, scratch, [columns[1 + v] for _ in rounds.reached[p]
                                                                       for v in range(len(rounds.varying))])
              for p, level in sorted(rounds.paths.items())]
     found = run.run_rounds(decide, paths, [rounds.reached[p] for p in sorted(rounds.paths)], len(plan.sites),
-                           count, max_rounds, cond, columns, scratch, kids, path, height,
-                           torch.empty(lanes, dtype=torch.int64))
+                           count, max_rounds, cond, columns, scratch, kids, path, height, room.order)
     if found is None:
         return None
     return CallTree(found, columns[0][:found], {j: c[:found] for j, c in zip(rounds.varying, columns[1:])},

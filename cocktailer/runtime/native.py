@@ -288,10 +288,27 @@ class CompiledProgram:
         itself (`codegen.level_loop`) may repoint inputs and outputs at tensors of sizes no
         larger, between calls."""
         self.check_inputs(inputs)
-        if self._packed_from:
-            self._refresh_packed()
         inputs = [x.contiguous() for x in inputs]
         arena, stack, locals_, rets, err = self._scratch()
+        layout, arena, stack = self._armed(inputs, arena, stack, err)
+        outputs = [torch.empty(shape, dtype=t.dtype) for shape, t in zip(layout.shapes, self.entry.outputs)]
+        return Bound(inputs, outputs, (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs]),
+                     (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs]),
+                     arena, stack, locals_, rets, err, self.active_workers.choose(), self._fn, self._const_table)
+
+    def rearm(self, bound: "Bound") -> "Bound":
+        """A bound call ready to be made again, on tensors of the same sizes (a caller that
+        repoints its inputs and outputs itself, `codegen.level_loop`): err[] is shared by every
+        call of this program and scratch may have grown since, so both are set again."""
+        arena, stack, *_ = self._scratch()
+        _, arena, stack = self._armed(bound.inputs, arena, stack, bound.err)
+        return bound._replace(arena=arena, stack=stack)
+
+    def _armed(self, inputs: Sequence[torch.Tensor], arena: torch.Tensor, stack: torch.Tensor, err):
+        """(layout, arena, stack) of a call of `inputs`, with its sizes, scratch offsets and
+        signal counter written into err[], and packed constants refreshed."""
+        if self._packed_from:
+            self._refresh_packed()
         values = tuple(inputs[position].shape[dim] for _, position, dim in self.entry.sizes)
         for k, n in enumerate(values):
             err[ERR_SIZES + k] = n
@@ -300,11 +317,8 @@ class CompiledProgram:
             arena = self._arena_for(layout, err)
         if self.entry.frame_dynamic:
             stack = self._stack_for(layout, err)
-        outputs = [torch.empty(shape, dtype=t.dtype) for shape, t in zip(layout.shapes, self.entry.outputs)]
         err[ERR_SIGINTS], err[ERR_MAX_ITERATIONS] = interrupt.arm(), self.max_iterations or 0
-        return Bound(inputs, outputs, (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs]),
-                     (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs]),
-                     arena, stack, locals_, rets, err, self.active_workers.choose(), self._fn, self._const_table)
+        return layout, arena, stack
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         b = self.bind(inputs)
