@@ -236,13 +236,23 @@ def test_constant_weights_of_a_gemm_are_prepacked_and_repacked_when_changed():
         assert_same(fast(x), model(x), RTOL, ATOL)
 
 
-def test_a_contended_program_runs_on_the_worker_count_that_has_been_faster(monkeypatch):
+def _time_to_probe(workers, each: float) -> float:
+    """Report preempted calls of `each` seconds on the count it runs until it chooses to try
+    the other count; the seconds of its own time that took (the clock its waits are on)."""
+    best, spent = workers.choose(), 0.0
+    while workers.choose() == best:
+        workers.report(best, 1, each)
+        spent += each
+        assert spent < 100, "never tried the other count"
+    return spent
+
+
+def test_a_contended_program_runs_on_the_worker_count_that_has_been_faster():
     """Quiet: all workers. Once a call is preempted, half the workers are tried; the faster
     count runs, and the other is tried again after a wait that doubles each time it loses
-    (at least 20 times what it took); a call on all workers that nothing preempted ends it."""
+    (at least 20 times what it took), counted in the program's own time; a call on all
+    workers that nothing preempted ends it."""
     from cocktailer.runtime import native
-    now = [0.0]
-    monkeypatch.setattr(native.time, "monotonic", lambda: now[0])
     workers = native.Workers(4, adaptive=True)
     workers.report(workers.choose(), 0, 0.001)
     assert workers.choose() == 4
@@ -250,12 +260,11 @@ def test_a_contended_program_runs_on_the_worker_count_that_has_been_faster(monke
     assert workers.choose() == 2
     workers.report(2, 1, 0.004)             # faster: it runs, 4 is tried after 20 times what it took
     assert workers.choose() == 2 and workers.wait == 20 * 0.010
-    now[0] += workers.wait
+    assert workers.wait <= _time_to_probe(workers, 0.004) < workers.wait + 0.004
     assert workers.choose() == 4
     workers.report(4, 2, 0.1)               # lost again: twice the wait, or 20 times what it took
     assert workers.wait == 20 * 0.1 and workers.choose() == 2
-    now[0] += workers.wait
-    assert workers.choose() == 4
+    assert workers.wait <= _time_to_probe(workers, 0.004) < workers.wait + 0.004
     workers.report(4, 0, 0.001)             # nothing preempted it: quiet again
     assert workers.choose() == 4
     decoder = native.Workers(4, adaptive=True)   # where all workers stay faster under contention
@@ -271,22 +280,41 @@ def test_a_contended_program_runs_on_the_worker_count_that_has_been_faster(monke
     assert fixed.choose() == 4
 
 
-def test_a_contention_that_ended_leaves_neither_its_slow_times_nor_its_grown_wait(monkeypatch):
+def test_a_program_called_now_and_then_is_not_tried_on_fewer_workers_at_every_preemption(monkeypatch):
+    """A batched block runs once per layer of a long batch: between its calls the clock runs
+    on, its own time hardly. Contention that comes and goes between its calls does not have it
+    try half the workers again until it has spent 20 times what they took on its own calls
+    (Berxit ran 17% of its blocks on one worker, twice as slow)."""
+    from cocktailer.runtime import native
+    now = [0.0]
+    monkeypatch.setattr(native.time, "monotonic", lambda: now[0])
+    block = native.Workers(2, adaptive=True)
+    block.report(2, 1, 0.010)
+    assert block.choose() == 1
+    block.report(1, 0, 0.020)               # one worker: twice as slow
+    tried = 0
+    for batch in range(40):                 # preempted at every other call, quiet between
+        now[0] += 0.45                      # the rest of the batch
+        used = block.choose()
+        tried += used == 1
+        block.report(used, batch % 2, 0.010 if used == 2 else 0.020)
+    assert tried <= 1                        # 40 calls of 10 ms: 0.4 s of its time, 20 x 20 ms
+
+
+def test_a_contention_that_ended_leaves_neither_its_slow_times_nor_its_grown_wait():
     """On a machine busy now and then: a contention where all workers kept losing, then a
     quiet call. At the next preemption all workers are judged by that quiet call, not by the
     contended calls of before (which kept the RAE on one worker, 1.8 times slower)."""
     from cocktailer.runtime import native
-    now = [0.0]
-    monkeypatch.setattr(native.time, "monotonic", lambda: now[0])
     workers = native.Workers(2, adaptive=True)
     workers.report(2, 1, 0.010)
     workers.report(1, 0, 0.001)
     for _ in range(5):                      # all workers keep losing: the wait grows
-        now[0] += workers.wait
+        _time_to_probe(workers, 0.001)
         assert workers.choose() == 2
         workers.report(2, 1, 0.010)
     assert workers.wait > 1.0
-    now[0] += workers.wait
+    _time_to_probe(workers, 0.001)
     workers.report(workers.choose(), 0, 0.0005)   # quiet again
     assert workers.wait == native.Workers.FIRST_WAIT
     workers.report(2, 1, 0.0008)            # preempted, yet faster than one worker (0.001)

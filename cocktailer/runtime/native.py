@@ -126,10 +126,15 @@ class Workers:
     and the other is tried again now and then, after a wait that doubles each time it loses
     and is at least PROBE_COST times what it took (so trying costs a few percent). A call on
     all workers that no preemption disturbed ends the contention; its time replaces those of
-    all workers' contended calls, and the wait starts again. Else, on a machine that is busy
-    now and then, all workers would be remembered slower than they are and the wait would
-    keep growing: the RAE ran 1,255 of 3,000 calls on one worker at 0.91 ms, against 0.50 ms
-    on two."""
+    all workers' contended calls, and the wait starts again, at least PROBE_COST times what
+    the other count took when last tried. Else, on a machine that is busy now and then, all
+    workers would be remembered slower than they are and the wait would keep growing: the
+    RAE ran 1,255 of 3,000 calls on one worker at 0.91 ms, against 0.50 ms on two.
+
+    Waits are counted in this program's own time (the seconds its calls took), not the
+    clock's: a program called once in a longer run (a batched block, once per layer of a 450
+    ms batch) would otherwise be tried on fewer workers after nearly every preemption, and
+    Berxit ran 17% of its blocks on one worker, each twice as slow, none of them faster."""
 
     FIRST_WAIT, MAX_WAIT = 0.05, 30.0   # seconds before the slower count is tried again
     PROBE_COST = 20
@@ -140,6 +145,7 @@ class Workers:
         self.contended = False
         self.recent: dict[int, deque] = {}   # worker count -> seconds of its last contended calls
         self.wait, self.retry_at = self.FIRST_WAIT, 0.0
+        self.spent = 0.0   # seconds of every call reported: the clock the waits are counted on
 
     def _best(self) -> int:
         """The count whose last few contended calls had the lower median (one slow or lucky
@@ -151,16 +157,19 @@ class Workers:
             return self.most
         best = self._best()
         other = self.fewer if best == self.most else self.most
-        return other if other not in self.recent or time.monotonic() >= self.retry_at else best
+        return other if other not in self.recent or self.spent >= self.retry_at else best
 
     def report(self, used: int, preempted: int, seconds: float):
         if not self.adaptive:
             return
+        self.spent += seconds
         if used == self.most and not preempted:
             if self.contended:   # over: under the next contention, all workers start from this call
                 self.contended = False
                 self.recent[used] = deque([seconds], maxlen=3)
-                self.wait, self.retry_at = self.FIRST_WAIT, time.monotonic() + self.FIRST_WAIT
+                fewer = self.recent.get(self.fewer)
+                self.wait = max(self.FIRST_WAIT, self.PROBE_COST * statistics.median(fewer) if fewer else 0.0)
+                self.retry_at = self.spent + self.wait
             return
         self.contended = True
         best_before = self._best() if self.recent else used
@@ -168,11 +177,11 @@ class Workers:
         best = self._best()
         if used != best:   # the count tried lost: try it later, later each time it loses
             self.wait = min(max(2 * self.wait, self.PROBE_COST * seconds), self.MAX_WAIT)
-            self.retry_at = time.monotonic() + self.wait
+            self.retry_at = self.spent + self.wait
         elif best != best_before:   # it won: it runs now, the other is tried after the wait
             self.wait = min(max(self.wait, self.PROBE_COST * statistics.median(self.recent[best_before])),
                             self.MAX_WAIT)
-            self.retry_at = time.monotonic() + self.wait
+            self.retry_at = self.spent + self.wait
 
 
 class CompiledProgram:
