@@ -470,6 +470,20 @@ def test_instances_of_one_shape_and_different_layouts_each_get_their_own_program
     assert_batch_matches(WritesThroughReshape(), instances)
 
 
+def _shared_table_modulo_each_instances_own(x, k, n):
+    for _ in range(n):
+        x = torch.sigmoid(x + (torch.arange(12).reshape(4, 3) % k))
+    return x
+
+
+def test_a_block_whose_kernel_needs_the_lane_count_as_a_number_runs_op_by_op():
+    """A shared table against each instance's own number (broadcast over lanes) has no native
+    kernel for a lane count known only at call time: that block runs with torch, the rest
+    natively (seed 7241088 of the fuzzer ended its worker process here)."""
+    instances = [(randn(4, 3, seed=k), torch.tensor(k % 3 + 1), torch.tensor(k % 4 + 1)) for k in range(5)]
+    assert_batch_matches(_shared_table_modulo_each_instances_own, instances)
+
+
 def test_results_are_ordinary_tensors_the_caller_may_write_into():
     model = CountedLoop().eval()
     instances = [(randn(6, seed=k), torch.tensor(k)) for k in range(4)]

@@ -23,7 +23,7 @@ from cocktailer.backend.config import Config
 from cocktailer.backend.native import UP_TO_RENDER, Build, Part, build_parts
 from cocktailer.backend.record import Record
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
-from cocktailer.ir import Program
+from cocktailer.ir import Program, SymbolicSizeError
 from cocktailer.codegen.inspector import InspectorSource, render_inspector
 from cocktailer.codegen.level_loop import (LEVEL_LOOP_SOURCE, LOOP_FAILED, LOOP_OUT_OF_RANGE, MAX_PATHS, ROUNDS_DEEP,
                                           LOOP_FULL, LOOP_ITERATIONS)
@@ -42,7 +42,8 @@ def build_blocks(programs: list[Program]) -> tuple[list[CompiledProgram | None],
             trial = Build(program, config, Record(config), [part])
             for _, stage in UP_TO_RENDER:
                 stage(trial)
-        except Exception as e:   # a capability probe: the block then runs op by op, with torch
+        except (Exception, SymbolicSizeError) as e:   # a capability probe: the block then runs op by op, with torch
+            # (a kernel that needs a size as a number, the lane count say, raises the latter)
             why.append(f"block {k}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             parts.append(None)
             continue
