@@ -38,7 +38,7 @@ from cocktailer.batching.ragged import constant_indices, masked_operands, paddin
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.batching.rounds import RoundProgram, round_program, run_round_loop, run_rounds
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
-from cocktailer.ir import CREATION, Function, Op, Operation, Program, Region, Sym
+from cocktailer.ir import CREATION, Function, Op, Operation, Program, Region, Sym, SymbolicSizeError
 from cocktailer.ir.analysis import value_users
 from cocktailer.ir.infer import attrs_at
 from cocktailer.reference.executor import RECURSION_LIMIT, _recursion_limit
@@ -688,7 +688,7 @@ class BatchedExecutor:
             else:
                 try:
                     made = build()
-                except NotImplementedError as e:
+                except (NotImplementedError, SymbolicSizeError) as e:   # (a size it needs as a number)
                     cache[key] = str(e)
                 else:
                     levels = made.levels if isinstance(made, (LoopProgram, NestedProgram, RoundProgram)) else [made]
@@ -708,7 +708,7 @@ class BatchedExecutor:
             else:
                 try:
                     self._inspectors[name] = NativeInspector(plan, RECURSION_LIMIT)
-                except NotImplementedError as e:
+                except (NotImplementedError, SymbolicSizeError) as e:
                     self._inspectors[name] = str(e)
         found = self._inspectors[name]
         self.schedule.inspectors[name] = "native" if isinstance(found, NativeInspector) else found
