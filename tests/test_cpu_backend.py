@@ -301,6 +301,22 @@ def test_a_program_called_now_and_then_is_not_tried_on_fewer_workers_at_every_pr
     assert tried <= 1                        # 40 calls of 10 ms: 0.4 s of its time, 20 x 20 ms
 
 
+def test_a_try_that_beats_the_count_that_runs_wins_over_its_own_older_samples():
+    """All workers were slow while child processes started (two contended calls at 100 ms),
+    so one worker ran (89 ms). Once they are idle, a try of all workers at 49 ms wins, though
+    the median of its three samples would still be 100 ms: it kept a level loop on one worker."""
+    from cocktailer.runtime import native
+    workers = native.Workers(2, adaptive=True)
+    workers.report(2, 1, 0.100)
+    workers.report(2, 1, 0.100)
+    assert workers.choose() == 1
+    workers.report(1, 0, 0.089)
+    _time_to_probe(workers, 0.089)
+    assert workers.choose() == 2
+    workers.report(2, 1, 0.049)             # preempted, yet faster than one worker
+    assert workers.choose() == 2 and list(workers.recent[2]) == [0.049]
+
+
 def test_a_contention_that_ended_leaves_neither_its_slow_times_nor_its_grown_wait():
     """On a machine busy now and then: a contention where all workers kept losing, then a
     quiet call. At the next preemption all workers are judged by that quiet call, not by the
