@@ -117,6 +117,7 @@ class BatchedFunction:
         by_layout: dict[tuple, tuple] = {}
         with self.single.guards_checked_once():
             for i, (args, kwargs, flat) in enumerate(instances):
+                # (the example's own spec: `_bound` took its plain-tensors path, no kwargs)
                 layout = _tensor_layouts(flat[0]) if flat[1] is self._structure[0] else None
                 found = by_layout.get(layout) if layout is not None else None
                 if found is not None:

@@ -69,12 +69,9 @@ def _exposed(fn: Function) -> set[int]:
     for region in fn.body.regions():
         exposed.update(v.id for v in region.yields)
         exposed.update(v.id for op in region.ops if op.op in CONTROL for v in op.operands)
-    views = [op for op in fn.body.walk() if op.op in VIEWS]
-    grown = True
-    while grown:   # a view of a view of x exposes x: until nothing more is exposed
-        grown = False
-        for op in reversed(views):
-            if op.results[0].id in exposed and op.operands[0].id not in exposed:
-                exposed.add(op.operands[0].id)
-                grown = True
+    # a view of a view of x exposes x: one pass from the last op back, as a value is always
+    # defined before (in walk order) the ops that read it
+    for op in reversed([op for op in fn.body.walk() if op.op in VIEWS]):
+        if op.results[0].id in exposed:
+            exposed.add(op.operands[0].id)
     return exposed
