@@ -236,6 +236,14 @@ def test_constant_weights_of_a_gemm_are_prepacked_and_repacked_when_changed():
         assert_same(fast(x), model(x), RTOL, ATOL)
 
 
+def _warm(most: int):
+    """An adaptive `Workers` past its first call (a cold call is no sample of either count)."""
+    from cocktailer.runtime import native
+    workers = native.Workers(most, adaptive=True)
+    workers.report(most, 9, 1.0)
+    return workers
+
+
 def _time_to_probe(workers, each: float) -> float:
     """Report preempted calls of `each` seconds on the count it runs until it chooses to try
     the other count; the seconds of its own time that took (the clock its waits are on)."""
@@ -253,7 +261,7 @@ def test_a_contended_program_runs_on_the_worker_count_that_has_been_faster():
     (at least 20 times what it took), counted in the program's own time; a call on all
     workers that nothing preempted ends it."""
     from cocktailer.runtime import native
-    workers = native.Workers(4, adaptive=True)
+    workers = _warm(4)
     workers.report(workers.choose(), 0, 0.001)
     assert workers.choose() == 4
     workers.report(4, 3, 0.010)             # preempted: contended, 2 workers are tried next
@@ -267,7 +275,7 @@ def test_a_contended_program_runs_on_the_worker_count_that_has_been_faster():
     assert workers.wait <= _time_to_probe(workers, 0.004) < workers.wait + 0.004
     workers.report(4, 0, 0.001)             # nothing preempted it: quiet again
     assert workers.choose() == 4
-    decoder = native.Workers(4, adaptive=True)   # where all workers stay faster under contention
+    decoder = _warm(4)   # where all workers stay faster under contention
     decoder.report(4, 1, 0.005)
     assert decoder.choose() == 2
     decoder.report(2, 1, 0.009)
@@ -288,7 +296,7 @@ def test_a_program_called_now_and_then_is_not_tried_on_fewer_workers_at_every_pr
     from cocktailer.runtime import native
     now = [0.0]
     monkeypatch.setattr(native.time, "monotonic", lambda: now[0])
-    block = native.Workers(2, adaptive=True)
+    block = _warm(2)
     block.report(2, 1, 0.010)
     assert block.choose() == 1
     block.report(1, 0, 0.020)               # one worker: twice as slow
@@ -306,7 +314,7 @@ def test_a_try_that_beats_the_count_that_runs_wins_over_its_own_older_samples():
     so one worker ran (89 ms). Once they are idle, a try of all workers at 49 ms wins, though
     the median of its three samples would still be 100 ms: it kept a level loop on one worker."""
     from cocktailer.runtime import native
-    workers = native.Workers(2, adaptive=True)
+    workers = _warm(2)
     workers.report(2, 1, 0.100)
     workers.report(2, 1, 0.100)
     assert workers.choose() == 1
@@ -317,12 +325,26 @@ def test_a_try_that_beats_the_count_that_runs_wins_over_its_own_older_samples():
     assert workers.choose() == 2 and list(workers.recent[2]) == [0.049]
 
 
+def test_a_cold_first_call_does_not_choose_the_worker_count():
+    """A batched TreeFC's level loop, built beside processes that kept every call preempted:
+    its first call on two workers paid for fresh scratch (101 ms), one worker then took 92 ms
+    and ran the next 24 calls, though two took 47 ms once warm."""
+    from cocktailer.runtime import native
+    workers = native.Workers(2, adaptive=True)
+    workers.report(workers.choose(), 8, 0.101)   # cold: no sample, and no contention yet
+    assert workers.choose() == 2 and not workers.contended
+    workers.report(2, 1, 0.047)
+    assert workers.choose() == 1                 # contended: one worker is tried
+    workers.report(1, 0, 0.092)
+    assert workers.choose() == 2
+
+
 def test_a_contention_that_ended_leaves_neither_its_slow_times_nor_its_grown_wait():
     """On a machine busy now and then: a contention where all workers kept losing, then a
     quiet call. At the next preemption all workers are judged by that quiet call, not by the
     contended calls of before (which kept the RAE on one worker, 1.8 times slower)."""
     from cocktailer.runtime import native
-    workers = native.Workers(2, adaptive=True)
+    workers = _warm(2)
     workers.report(2, 1, 0.010)
     workers.report(1, 0, 0.001)
     for _ in range(5):                      # all workers keep losing: the wait grows

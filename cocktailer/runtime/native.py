@@ -138,7 +138,12 @@ class Workers:
     Waits are counted in this program's own time (the seconds its calls took), not the
     clock's: a program called once in a longer run (a batched block, once per layer of a 450
     ms batch) would otherwise be tried on fewer workers after nearly every preemption, and
-    Berxit ran 17% of its blocks on one worker, each twice as slow, none of them faster."""
+    Berxit ran 17% of its blocks on one worker, each twice as slow, none of them faster.
+
+    A program's first call is no sample of either count: it pays once for what later calls
+    find ready (scratch and weights touched for the first time). Taken as all workers' time,
+    it made a batched TreeFC's level loop run its next 24 calls on one worker (101 ms cold on
+    two, 92 ms on one, 47 ms on two once warm)."""
 
     FIRST_WAIT, MAX_WAIT = 0.05, 30.0   # seconds before the slower count is tried again
     PROBE_COST = 20
@@ -150,6 +155,7 @@ class Workers:
         self.recent: dict[int, deque] = {}   # worker count -> seconds of its last contended calls
         self.wait, self.retry_at = self.FIRST_WAIT, 0.0
         self.spent = 0.0   # seconds of every call reported: the clock the waits are counted on
+        self.cold = True   # no call reported yet
 
     def _best(self) -> int:
         """The count whose last few contended calls had the lower median (one slow or lucky
@@ -164,7 +170,8 @@ class Workers:
         return other if other not in self.recent or self.spent >= self.retry_at else best
 
     def report(self, used: int, preempted: int, seconds: float):
-        if not self.adaptive:
+        if not self.adaptive or self.cold:
+            self.cold = False
             return
         self.spent += seconds
         if used == self.most and not preempted:
