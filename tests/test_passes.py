@@ -548,3 +548,78 @@ def test_a_loop_initial_value_computed_alike_is_kept():
         program = cocktailer.capture(_carried_alike, (x, n))
         assert sum(op.op is Op.ADD for op in program.walk()) == 2
     assert_matches_eager(_carried_alike, [(x, 0)])
+
+
+def _heads_attention(x, wq, wk, wv):
+    n, d = x.shape
+    heads = 4
+    q, k, v = ((x @ w).view(n, heads, d // heads).transpose(0, 1) for w in (wq, wk, wv))
+    scores = torch.softmax(q @ k.transpose(1, 2) / 8.0, -1)
+    return (scores @ v).transpose(0, 1).reshape(n, d)
+
+
+_VIEW_PRODUCTS = {   # (function, argument shapes of two calls: the second at other sizes)
+    "attention heads": (_heads_attention, [[(40, 128), (128, 128), (128, 128), (128, 128)],
+                                           [(23, 128), (128, 128), (128, 128), (128, 128)]]),
+    "B transposed": (lambda a, b: a @ b.t(), [[(33, 64), (40, 64)], [(9, 64), (70, 64)]]),
+    "B reshaped": (lambda a, b: a @ b.reshape(32, -1), [[(20, 32), (48, 32)], [(11, 32), (64, 32)]]),
+    "A permuted, batched B": (lambda a, b: a.permute(1, 0, 2) @ b, [[(30, 5, 24), (5, 24, 40)], [(17, 5, 24), (5, 24, 33)]]),
+    "batch of transposed B": (lambda a, b: a @ b.transpose(1, 2), [[(3, 20, 16), (3, 36, 16)], [(3, 9, 16), (3, 50, 16)]]),
+    "A transposed (not read in place)": (lambda a, b: a.t() @ b, [[(24, 30), (24, 40)], [(24, 12), (24, 20)]]),
+    "narrow product": (lambda a, b: a @ b.t(), [[(30, 16), (8, 16)], [(12, 16), (8, 16)]]),
+    "view read twice": (lambda a, b: (a @ b.t(), b.t() + 1), [[(20, 16), (24, 16)], [(7, 16), (24, 16)]]),
+}
+
+
+@pytest.mark.parametrize("name", list(_VIEW_PRODUCTS))
+def test_products_read_reshapes_and_permutes_of_their_operands_in_place(name):
+    """The native stages fold an operand's reshapes and permutes into the product where the
+    GEMM can read them at their strides (rows of A, rows or columns of B, any batch strides);
+    the answers are eager's, at the sizes compiled for and, dynamic, at others."""
+    fn, shapes = _VIEW_PRODUCTS[name]
+    torch.manual_seed(0)
+    assert_matches_eager(fn, [[torch.randn(s) for s in call] for call in shapes], backend="cpu", atol=1e-4)
+
+
+def _native_ops(fast) -> list:
+    (_, compiled), = fast.cache.values()
+    return [op for part in compiled.record.parts for op in part.program.walk()]
+
+
+def test_attention_reads_its_heads_without_copying_them():
+    """q, k and v split into heads (a reshape and a transpose each, k transposed once more):
+    the two products read all of q and k in place and the copies go; the output's transpose
+    and reshape, which no product reads, stay."""
+    args = [torch.randn(40, 128)] + [torch.randn(128, 128) for _ in range(3)]
+    fast = cocktailer.compile(_heads_attention, example_inputs=args, backend="cpu")
+    fast(*args)
+    ops = _native_ops(fast)
+    folded = [op for op in ops if op.op is Op.MATMUL and op.attrs.get("views")]
+    assert sorted(k for op in folded for k, _, _ in op.attrs["views"]) == [0, 1, 1]
+    assert sum(op.op is Op.PERMUTE for op in ops) == 1 and sum(op.op is Op.RESHAPE for op in ops) == 1
+    # the captured program, which the reference and explain read, keeps them
+    captured = list(cocktailer.capture(_heads_attention, args).walk())
+    assert sum(op.op is Op.PERMUTE for op in captured) >= 5
+
+
+def test_a_view_stays_where_a_write_in_place_could_come_between():
+    """A product reads the folded buffer where it runs, not where the view was taken: with an
+    UPDATE between the two (native code may write one into its source's buffer), the view is
+    kept, whichever buffer the update writes."""
+    from cocktailer.codegen.kernels import matmul
+    from cocktailer.passes.views import fold_views_into_products
+
+    def updated_between(a, b, c):
+        bt = b.t()
+        c[0] = 5.0
+        return a @ bt, c
+
+    args = (torch.randn(20, 16), torch.randn(24, 16), torch.randn(3, 4))
+    program = cocktailer.capture(updated_between, args).clone()
+    body = program.functions["main"].body
+    update, = [op for op in body.ops if op.op is Op.UPDATE]   # (capture put it first: independent)
+    body.ops.remove(update)
+    body.ops.insert([op.op for op in body.ops].index(Op.MATMUL), update)
+    _, removed = fold_views_into_products(program, matmul.reads_in_place)
+    assert removed == 0 and not any(op.attrs.get("views") for op in program.walk() if op.op is Op.MATMUL)
+    assert_matches_eager(updated_between, [args], backend="cpu")

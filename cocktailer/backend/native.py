@@ -15,10 +15,12 @@ from cocktailer.backend.config import Config
 from cocktailer.backend.record import Record
 from cocktailer.codegen import kernels
 from cocktailer.codegen.kernels.elementwise import int_divides
+from cocktailer.codegen.kernels import matmul
 from cocktailer.codegen.kernels.gemm import prepack_b
 from cocktailer.codegen.renderer import CPU, Rendered, assemble, render
 from cocktailer.ir import Program, SymbolicSizeError
 from cocktailer.passes.fuse import fuse_elementwise
+from cocktailer.passes.views import fold_views_into_products
 from cocktailer.runtime.compiler import compile_shared_library, load_library
 from cocktailer.runtime.native import CompiledProgram, Entry, Packed
 from cocktailer.schedule import SimplePolicy
@@ -71,6 +73,18 @@ def fuse(b: Build) -> str:
     return f"{fused} elementwise ops folded into the ops after them"
 
 
+def fold_views(b: Build) -> str:
+    """Each part's products read the reshapes and permutes of their operands in place
+    (`passes.views`), where the GEMM can; the copies nothing else reads go. Where `fuse` runs."""
+    folded = 0
+    for p in b.parts:
+        if p.config.wavefront or not p.config.fuse:
+            continue
+        p.program, removed = fold_views_into_products(p.program.clone(), matmul.reads_in_place)
+        folded += removed
+    return f"{folded} reshape and permute copies read in place by products"
+
+
 def _fusable(op) -> bool:
     """An elementwise op with a kernel whose loop checks nothing before it runs."""
     return kernels.supported(op) and not int_divides(op)
@@ -115,7 +129,7 @@ def load(b: Build) -> str:
     return _count(b)
 
 
-UP_TO_RENDER = [("fuse", fuse), ("memory plan", memory_plan), ("placement", placement), ("render", render_parts)]
+UP_TO_RENDER = [("fuse", fuse), ("views", fold_views), ("memory plan", memory_plan), ("placement", placement), ("render", render_parts)]
 NATIVE_STAGES = UP_TO_RENDER + [("compile", compile_library), ("load", load)]
 
 

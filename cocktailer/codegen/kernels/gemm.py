@@ -252,6 +252,20 @@ CK_NOIPA static void ck_packb_mat_{nr}(const void* ctx, int64_t k0, int64_t kc, 
 }}"""
 
 
+def _packb_tr(nr: int) -> str:
+    """B read transposed (a view `passes.views` folds into the product): B[k][J] = p[J * ld + k],
+    each of the panel's columns one contiguous run of the buffer."""
+    return f"""
+CK_NOIPA static void ck_packb_tr_{nr}(const void* ctx, int64_t k0, int64_t kc, int64_t j0, int64_t nr, float* restrict Bp) {{
+  const ck_mat* m = (const ck_mat*)ctx;
+  for (int64_t j = 0; j < {nr}; ++j) {{
+    float* d = Bp + j;
+    if (j < nr) {{ const float* s = m->p + (j0 + j) * m->ld + k0; for (int64_t k = 0; k < kc; ++k) d[k * {nr}] = s[k]; }}
+    else for (int64_t k = 0; k < kc; ++k) d[k * {nr}] = 0.0f;
+  }}
+}}"""
+
+
 def _driver(mr: int, nr: int) -> str:
     """Both operands packed exactly once when A's rows fit one MC block (kb, jc order);
     otherwise B once and A once per NC columns (jc, kb, mb order)."""
@@ -413,6 +427,7 @@ def _build() -> str:
         parts.append(_packa(mr))
     for nr in sorted({nr for _, nr in VARIANTS}):
         parts.append(_packb_mat(nr))
+        parts.append(_packb_tr(nr))
     for mr, nr in VARIANTS:
         parts.append(_ukr(mr, nr))
         parts.append(_driver(mr, nr))

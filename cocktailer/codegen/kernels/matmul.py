@@ -10,13 +10,19 @@ float32 takes one of three paths, chosen from the static shapes:
   column panels) so each gets whole NR-wide panels: column panels when there are enough,
   row blocks too when not.
 Other dtypes (float64, int64, int32) run a plain vectorized loop nest.
+
+An operand may be read as a view of another value's buffer (attrs["views"], set by
+`passes.views` on native programs): that buffer reshaped, then permuted. The packed GEMM reads
+it in place through strides (a batch of matrices at any strides; rows at a stride, columns
+contiguous; B also transposed), instead of a copy made by the PERMUTE and RESHAPE kernels: the
+heads of attention (`q @ k.transpose(-2, -1)` of `x.view(n, h, d).transpose(0, 1)`).
 """
 from __future__ import annotations
 
 import torch
 
 from cocktailer.codegen.kernels.common import (block, broadcast_strides, ceil_div, hint, numel, offset_expr, product,
-                                               split)
+                                               split, strides_of)
 from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.codegen.kernels.gemm import GEMV_ROWS, choose_variant
 from cocktailer.ir import Operation, Sym, SymbolicSizeError
@@ -28,6 +34,42 @@ def supported(op: Operation) -> bool:
     return all(v.type.dtype == op.results[0].type.dtype for v in op.operands) and op.results[0].type.dtype in DTYPES
 
 
+def views(op: Operation) -> dict[int, tuple[tuple, tuple]]:
+    """Operand index -> (shape the operand's buffer is viewed at, permutation of that view) of
+    each operand read as a view."""
+    return {k: (shape, dims) for k, shape, dims in op.attrs.get("views", ())}
+
+
+def logical_shape(op: Operation, k: int) -> tuple:
+    """Operand k's shape as the product reads it (its view's, where it is read as one)."""
+    view = views(op).get(k)
+    return tuple(op.operands[k].type.shape) if view is None else tuple(view[0][d] for d in view[1])
+
+
+def _view_strides(view: tuple, size) -> list:
+    """Element strides of each dim of a view (shape, dims) of a contiguous buffer."""
+    shape, dims = view
+    st = strides_of([size(d) if isinstance(d, Sym) else d for d in shape])
+    return [st[d] for d in dims]
+
+
+def reads_in_place(op: Operation, k: int, shape: tuple, dims: tuple) -> bool:
+    """Whether the packed GEMM can read operand k as the view (shape, dims) of its buffer: the
+    product takes that path, A's columns and B's columns or rows are contiguous, and a viewed A
+    keeps its batch apart from its rows (B batched too, at the same batch shape)."""
+    last = len(shape) - 1
+    logical = tuple(shape[d] for d in dims)
+    other = logical_shape(op, 1 - k)
+    if len(logical) < 2 or len(other) < 2 or op.results[0].type.dtype is not torch.float32:
+        return False
+    if k == 0 and (dims[-1] != last or other[:-2] != logical[:-2] or len(other) < 3):
+        return False
+    if k == 1 and (last not in (dims[-1], dims[-2]) or other[:-2] not in ((), logical[:-2])):
+        return False
+    M, N = (logical if k == 0 else other)[-2], (logical if k == 1 else other)[-1]
+    return not (isinstance(N, int) and N < 16) and not (isinstance(M, int) and M <= GEMV_ROWS)
+
+
 def _geometry(op: Operation, ctx: KernelContext | None = None):
     """(batch shape, A's and B's element strides per batch dim, M, K, N, hints of M and N).
     M, K and N may be run-time sizes (C expressions: `ctx.size` of the symbolic dims), and so
@@ -35,7 +77,7 @@ def _geometry(op: Operation, ctx: KernelContext | None = None):
     so its batch dims may be too. A batched B's batch dims may be run-time sizes where A has the
     same batch dims or none (one A for every matrix of B); else they must be numbers (the batch is
     broadcast at compile time)."""
-    sa, sb = tuple(op.operands[0].type.shape), tuple(op.operands[1].type.shape)
+    sa, sb = logical_shape(op, 0), logical_shape(op, 1)
     a_vec, b_vec = len(sa) == 1, len(sb) == 1
     M = 1 if a_vec else sa[-2]
     K = sa[-1]
@@ -61,6 +103,21 @@ def _geometry(op: Operation, ctx: KernelContext | None = None):
     return batch, sta, stb, c(M), c(K), c(N), hint((M,)), hint((N,))
 
 
+def _in_place(op: Operation, batch, sta, stb, M, K, N, ctx: KernelContext):
+    """(batch strides of A and B, A's row stride, B's row stride, whether B is read transposed):
+    where an operand is a view (`views`), its own strides."""
+    lda, ldb, transposed = K, N, False
+    for k, view in views(op).items():
+        st = _view_strides(view, ctx.size)
+        own = [0] * (len(batch) - (len(st) - 2)) + st[:-2]
+        if k == 0:
+            sta, lda = own, st[-2]
+        else:
+            transposed = view[1][-1] != len(view[0]) - 1
+            stb, ldb = own, st[-1] if transposed else st[-2]
+    return sta, stb, lda, ldb, transposed
+
+
 def path(op: Operation) -> str:
     """Which code a MATMUL takes (for benchmarks and debugging)."""
     batch, _, _, M, K, N, m, n = _geometry(op)
@@ -83,6 +140,9 @@ def render_matmul(op: Operation, ctx: KernelContext) -> str:
         return ""
     T = ctype(dt)
     head = [f"const {T}* k_a = {ctx.ptr(a)};", f"const {T}* k_b = {ctx.ptr(b)};", f"{T}* k_c = {ctx.ptr(out)};"]
+    sta, stb, lda, ldb, transposed = _in_place(op, batch, sta, stb, M, K, N, ctx)
+    if views(op) and path(op).split()[0] != "gemm":
+        raise AssertionError(f"a MATMUL reads a view on the {path(op)} path, which reads only contiguous operands")
     a_off = offset_expr("k_bi", batch, sta) if batch else "0"
     b_off = offset_expr("k_bi", batch, stb) if batch else "0"
     if K == 0:
@@ -94,7 +154,8 @@ def render_matmul(op: Operation, ctx: KernelContext) -> str:
         return block(*head, *narrow(nb, M, K, N, a_off, b_off, ctx))
     if isinstance(M, int) and M <= GEMV_ROWS:
         return block(*head, *_gemv(nb, M, K, N, a_off, b_off, ctx))
-    return block(*head, *_gemm(nb, M, K, N, a_off, b_off, ctx, None if batch else b, m, n))
+    return block(*head, *_gemm(nb, M, K, N, a_off, b_off, ctx, None if batch or views(op) else b, m, n,
+                               lda, ldb, transposed))
 
 
 def _rows(nb: int, M: int, ctx: KernelContext) -> list[str]:
@@ -164,16 +225,20 @@ def gemm_tiles(nb: int, M: int, N: int, mr: int, nr: int, ctx: KernelContext, ca
             "}"]
 
 
-def _gemm(nb, M, K, N, a_off, b_off, ctx, b=None, m=None, n=None) -> list[str]:
+def _gemm(nb, M, K, N, a_off, b_off, ctx, b=None, m=None, n=None, lda=None, ldb=None, transposed=False) -> list[str]:
     """`b`: B's value when it is one matrix for every row: a constant one comes prepacked.
-    `m`, `n`: M's and N's hints where they are run-time sizes (the micro-kernel is chosen for them)."""
+    `m`, `n`: M's and N's hints where they are run-time sizes (the micro-kernel is chosen for them).
+    `lda`, `ldb`: the operands' row strides (default: contiguous); `transposed`: B's element
+    (k, j) is at j * ldb + k."""
+    lda, ldb = K if lda is None else lda, N if ldb is None else ldb
     mr, nr = choose_variant(M if isinstance(M, int) else m, N if isinstance(N, int) else n)
     packed = ctx.prepacked(b, nr) if b is not None else None
     if packed is not None:   # weights packed once, ahead of time: the driver reads the panels in place
         source, packer = f"const ck_prepacked k_bm = {{ {packed}, {-(-N // nr) * nr} }};\n", "0"
     else:
-        source, packer = f"const ck_mat k_bm = {{ k_b + {b_off}, {N}, {N}, 0 }};\n", f"ck_packb_mat_{nr}"
-    call = (source + f"ck_sgemm_{mr}x{nr}(k_m1 - k_m0, k_n1 - k_n0, {K}, k_a + {a_off} + k_m0 * {K}, {K}, {packer}, "
+        packer = f"ck_packb_{'tr' if transposed else 'mat'}_{nr}"
+        source = f"const ck_mat k_bm = {{ k_b + {b_off}, {ldb}, {N}, 0 }};\n"
+    call = (source + f"ck_sgemm_{mr}x{nr}(k_m1 - k_m0, k_n1 - k_n0, {K}, k_a + {a_off} + k_m0 * {lda}, {lda}, {packer}, "
             f"&k_bm, k_n0, k_c + k_bi * {product(M, N)} + k_m0 * {N}, {N}, {N}, 0, 0);")
     return gemm_tiles(nb, M, N, mr, nr, ctx, call)
 
