@@ -42,8 +42,9 @@ arms as one native call, called from Python); + native level loop (every level's
 by one native loop); + loop programs (a counted loop with a straight-line body, every step in one
 native call); + masks in blocks (a softmax or product over a ragged size, attention's, masks the
 padding inside its native block instead of running as a masked torch op); + packed rows
-(position-wise blocks over a ragged size compute on the instances' real rows, not the padding:
-the default). A step that does not apply to a model (loop programs to a tree
+(position-wise blocks over a ragged size compute on the instances' real rows, not the padding);
++ buckets (a masked block over instances of very different sizes runs once per bucket of
+similar sizes, padded to the bucket's longest: the default). A step that does not apply to a model (loop programs to a tree
 recursion, levels to an RNN) changes nothing but noise.
 """
 from __future__ import annotations
@@ -205,7 +206,8 @@ ABLATION = [   # (name, techniques, instances per call: 1 or all)
     ("+ native level loop", Techniques(loop_programs=False, **_PADDED), None),
     ("+ loop programs", Techniques(**_PADDED), None),
     ("+ masks in blocks", Techniques(packed_rows=False), None),
-    ("+ packed rows (default)", Techniques(), None),
+    ("+ packed rows", Techniques(buckets=False), None),
+    ("+ buckets (default)", Techniques(), None),
 ]
 
 

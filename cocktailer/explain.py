@@ -106,6 +106,9 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
         if schedule.padded_rows:
             lines.append(f"  position-wise blocks computed {schedule.packed_rows} rows, of the {schedule.padded_rows} "
                          "they would have padded to the longest instance")
+        if schedule.bucketed_calls:
+            lines.append(f"  masked blocks (attention over instances of different sizes) ran in {schedule.bucketed_calls} "
+                         "calls over buckets of instances of similar sizes, each padded to its own longest")
         if schedule.loop_programs or schedule.stepped_loops:
             lines.append(f"  runs of loops with every step in one native call (loop programs: lanes sorted by trip "
                          f"count and by the arms they take, the steps run by the native loop; a loop ending on a "

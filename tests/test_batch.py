@@ -572,7 +572,8 @@ def test_a_tree_index_out_of_range_is_named_and_nothing_is_returned():
 
 
 @pytest.mark.parametrize("off", ["levels", "gather_fusion", "parameter_reuse", "native_blocks", "native_inspector",
-                                 "level_programs", "level_loop", "loop_programs", "block_masks", "packed_rows"])
+                                 "level_programs", "level_loop", "loop_programs", "block_masks", "packed_rows",
+                                 "buckets"])
 def test_each_technique_turned_off_gives_the_same_answers(off):
     """The ablation's configurations compute what the default does (only slower)."""
     techniques = Techniques(**{off: False})

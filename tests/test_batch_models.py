@@ -4,6 +4,8 @@ PyTorch, on the generators' instances and on mixes of very different ones."""
 import pytest
 import torch
 
+import cocktailer
+
 from cocktailer.data import chain_tree, perfect_tree, random_tree
 from cocktailer.models import throughput
 from cocktailer.models.throughput import INSTANCES, exit_layers, generated_nodes, transitions_for
@@ -112,6 +114,37 @@ def test_berxit_one_token_beside_sixty():
     model, _ = INSTANCES["berxit"](1, size="small", seed=0)
     instances = [(randn(n, 16, seed=n),) for n in (1, 60, 7, 60, 2)]
     assert_batch_matches(model, instances)
+
+
+def test_berxit_attention_runs_in_buckets_of_similar_lengths():
+    """Sentences of 1 to 60 tokens: attention (masked, padded to a width) runs once per bucket
+    of similar lengths, padded to each bucket's longest; every result is eager's, with the
+    buckets and without (one call over all, padded to 60)."""
+    from cocktailer.batching import Techniques
+    model, _ = INSTANCES["berxit"](1, size="small", seed=0)
+    model.threshold = 2.0   # nobody leaves early: every layer sees every length
+    lengths = [1, 60, 7, 60, 2, 3, 33, 5, 4, 9, 58, 2, 6, 1, 12, 8, 3, 45, 2, 5]
+    instances = [(randn(n, 16, seed=k),) for k, n in enumerate(lengths)]
+    batched = assert_batch_matches(model, instances)
+    assert batched.schedule.bucketed_calls >= 2 * len(model.layers)
+    assert "buckets of instances of similar sizes" in cocktailer.explain(batched)
+    unbucketed = assert_batch_matches(model, instances, techniques=Techniques(buckets=False))
+    assert unbucketed.schedule.bucketed_calls == 0
+    few = assert_batch_matches(model, instances[:5])   # too few instances to split: one call
+    assert few.schedule.bucketed_calls == 0
+
+
+def test_buckets_split_lanes_of_very_different_sizes_only():
+    from cocktailer.batching.buckets import buckets
+    from cocktailer.batching.lanes import RowLayout
+    even = RowLayout(torch.full((32,), 20), 20)
+    assert buckets(even) is None                     # one call costs least
+    sizes = torch.tensor([50, 3, 4, 48, 5, 2, 6, 7] * 4)
+    groups = buckets(RowLayout(sizes, 50))
+    assert groups is not None and 2 <= len(groups) <= 4
+    together = torch.cat(groups)
+    assert sorted(together.tolist()) == list(range(32))           # each lane in one bucket
+    assert sizes[together].tolist() == sorted(sizes.tolist())     # shortest first
 
 
 def test_sizes_have_their_hidden_dims():

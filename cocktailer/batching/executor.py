@@ -28,6 +28,7 @@ import torch
 
 from cocktailer.backend.batched import build_blocks
 from cocktailer.batching.blocks import Block, batched_program, lane_mask, lane_varying, run_block, segments
+from cocktailer.batching.buckets import bucketed_size, buckets, run_bucketed
 from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect, slice_branches
 from cocktailer.batching.levels import LevelProgram, level_inputs, level_program, run_level_loop
 from cocktailer.batching.loops import (LoopProgram, NestedProgram, any_loop_program, run_loop_program,
@@ -68,6 +69,8 @@ class Techniques:
     #                                (else it runs as a torch op, masked by the executor)
     packed_rows: bool = True       # position-wise blocks over a ragged size compute on the instances' real rows
     #                                packed (else on rows padded to the longest)
+    buckets: bool = True           # a masked block over instances of very different sizes runs once per bucket
+    #                                of similar sizes, padded to its own longest (else once, to the longest of all)
 
 
 @dataclass
@@ -87,6 +90,7 @@ class Schedule:
     stepped_loops: dict = field(default_factory=dict)   # where a loop ran step by step from Python -> why
     packed_rows: int = 0       # rows the position-wise (packed) blocks computed, over all their runs
     padded_rows: int = 0       # rows they would have computed padded to the longest instance
+    bucketed_calls: int = 0    # calls of masked blocks, each over a bucket of instances of similar sizes
 
 
 class Workspace:
@@ -305,6 +309,8 @@ class BatchedExecutor:
         if parts is not None:
             for part in parts:
                 if isinstance(part, Block):
+                    if self._run_in_buckets(part, env, count):
+                        continue
                     layout = None if part.packed is None else self._layout(env, part.packed, count)
                     run_block(part, env, count, layout, [self._mask(env, key, count) for key in part.masks])
                     if layout is not None:
@@ -317,6 +323,22 @@ class BatchedExecutor:
                 if only is None or id(op) in only:
                     self.run_op(op, env, count, only)
         return [env.get(v.id) for v in region.yields]
+
+    def _run_in_buckets(self, block: Block, env: dict, count: int) -> bool:
+        """Run a masked block once per bucket of lanes of similar size (`buckets.py`), if it
+        may and that costs less than one call over all lanes; whether it ran."""
+        if not self.techniques.buckets or block.compiled is None:
+            return False
+        sym = bucketed_size(block, self.ragged)
+        if sym is None or SIZES not in env:
+            return False
+        layout = self._layout(env, sym, count)
+        groups = buckets(layout)
+        if groups is None:
+            return False
+        run_bucketed(block, env, count, sym, layout, groups)
+        self.schedule.bucketed_calls += len(groups)
+        return True
 
     def _layout(self, env: dict, sym: Sym, count: int) -> RowLayout:
         """Where the rows of ragged size `sym` of the env's lanes lie packed, made once per env."""
