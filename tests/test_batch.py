@@ -325,6 +325,32 @@ class TokenEncoder(nn.Module):
 
 
 @native
+def test_block_outputs_reuse_memory_from_call_to_call_and_results_stay_the_callers(monkeypatch):
+    """Native blocks' outputs take the workspace's memory the same outputs had the call before
+    (no page faults for fresh megabytes); what a call returns is never in it: the results of
+    one call are intact after the next, and each call's are eager's."""
+    from cocktailer.batching import executor as ex
+    monkeypatch.setattr(ex, "OUTPUT_REUSE_BYTES", 0)   # every output, however small
+    mlp = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 8)).eval()   # its result: a block's output
+    for model, shapes in ((TokenEncoder().eval(), ([3, 30, 7, 12, 4], [25, 3, 9, 16, 5])), (mlp, ([1] * 5, [1] * 6))):
+        first, second = ([(randn(n, 8, seed=10 * j + k, scale=2.0).squeeze(0) if model is mlp else
+                           randn(n, 8, seed=10 * j + k, scale=2.0),) for k, n in enumerate(lengths)]
+                         for j, lengths in enumerate(shapes))
+        batched = cocktailer.batch(model, first[0])
+        with torch.no_grad():
+            got_first = batched(first)
+            got_second = batched(second)
+            again = batched(first)
+            for got, instances in ((got_first, first), (got_second, second), (again, first)):
+                for k, (out, args) in enumerate(zip(got, instances)):
+                    assert_same(out, model(*args), rtol=1e-4, atol=1e-5, path=f"instance {k}")
+        executor, = batched._executors.values()
+        assert any(key[0] == "output" for key in executor.workspace.buffers)
+        assert executor.workspace.nbytes == sum(b.numel() * b.element_size()
+                                                for b in executor.workspace.buffers.values())
+
+
+@native
 def test_position_wise_ops_compute_on_each_instances_own_tokens_only():
     """Sentences of 2 to 30 tokens: the position-wise blocks compute on the real tokens, packed
     one sentence after another; the results are each sentence's alone, through the attention

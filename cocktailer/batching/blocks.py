@@ -392,17 +392,19 @@ def _as_lanes(value: Value, lane: bool, ops: list[Operation]) -> Value:
     return out
 
 
-def run_block(block: Block, env: dict, count: int, layout: RowLayout | None = None, masks: list = ()) -> None:
+def run_block(block: Block, env: dict, count: int, layout: RowLayout | None = None, masks: list = (),
+              alloc=None) -> None:
     """Call the block's native entry for `count` lanes; its outputs into `env`. `layout`: where
-    the lanes' rows lie, for a packed block; `masks`: the tensors of `block.masks`."""
+    the lanes' rows lie, for a packed block; `masks`: the tensors of `block.masks`; `alloc`:
+    memory for the outputs (`CompiledProgram.bind`)."""
     if block.packed is not None:
         inputs = [packed_rows(env[v.id], layout, count) if lane else env[v.id]
                   for v, lane in zip(block.inputs, block.varying_inputs)]
-        outs = block.compiled(inputs)
+        outs = block.compiled(inputs, alloc)
         for v, lane, t in zip(block.outputs, block.varying_outputs, outs):
             env[v.id] = Packed(t, layout) if lane else t
         return
     inputs = [rows(env[v.id], count) if lane else env[v.id] for v, lane in zip(block.inputs, block.varying_inputs)]
-    outs = block.compiled(inputs + list(masks))
+    outs = block.compiled(inputs + list(masks), alloc)
     for v, lane, t in zip(block.outputs, block.varying_outputs, outs):
         env[v.id] = Lanes(t) if lane else t

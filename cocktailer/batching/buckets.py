@@ -63,9 +63,10 @@ def buckets(layout: RowLayout) -> list[torch.Tensor] | None:
     return best
 
 
-def run_bucketed(block: Block, env: dict, count: int, sym: Sym, layout: RowLayout, groups: list[torch.Tensor]) -> None:
+def run_bucketed(block: Block, env: dict, count: int, sym: Sym, layout: RowLayout, groups: list[torch.Tensor],
+                 alloc) -> None:
     """Call the block once per bucket of lanes, each padded to its own longest; its per-lane
-    outputs, packed under `layout`, into `env`."""
+    outputs, packed under `layout`, into `env` (in memory from `alloc(shape, dtype)`)."""
     outputs = [None] * len(block.outputs)
     for lanes in groups:
         lengths = layout.lengths[lanes]
@@ -73,7 +74,7 @@ def run_bucketed(block: Block, env: dict, count: int, sym: Sym, layout: RowLayou
         inputs = [_padded(env[v.id], v, sym, lanes, lengths, width, layout, count) if lane else env[v.id]
                   for v, lane in zip(block.inputs, block.varying_inputs)]
         masks = [lane_mask(lengths, width, rank, dim) for _, rank, dim in block.masks]
-        outs = block.compiled(inputs + masks)
+        outs = block.compiled(inputs + masks, alloc)
         own = RowLayout(lengths, width)
         at = layout.lane_rows(lanes)
         for k, (lane, t) in enumerate(zip(block.varying_outputs, outs)):
@@ -81,7 +82,7 @@ def run_bucketed(block: Block, env: dict, count: int, sym: Sym, layout: RowLayou
                 outputs[k] = t if outputs[k] is None else outputs[k]
                 continue
             if outputs[k] is None:
-                outputs[k] = t.new_empty((layout.total, *t.shape[2:]))
+                outputs[k] = alloc((layout.total, *t.shape[2:]), t.dtype)
             outputs[k].index_copy_(0, at, own.pack(t))
     for v, lane, t in zip(block.outputs, block.varying_outputs, outputs):
         env[v.id] = Packed(t, layout) if lane else t

@@ -47,6 +47,8 @@ from cocktailer.runtime.compiler import find_compiler
 
 
 
+OUTPUT_REUSE_BYTES = 64 << 10   # native blocks' outputs at least this large reuse the workspace's memory
+WORKSPACE_BYTES = 256 << 20     # ... while it holds less than this
 LAYOUTS = "layouts"   # env key: (the lanes' sizes, what is made of them: packed layouts, masks: `_kept`)
 _MASKED = (Op.MATMUL, Op.SOFTMAX, Op.LOG_SOFTMAX)   # may read padding, which the executor masks (ragged.masked)
 
@@ -100,14 +102,18 @@ class Workspace:
 
     def __init__(self):
         self.buffers: dict[tuple, torch.Tensor] = {}
+        self.nbytes = 0
 
     def take(self, key: tuple, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """An uninitialized tensor, in the memory last taken under `key` where it is large enough."""
         n = math.prod(shape)
         buffer = self.buffers.get(key)
         if buffer is None or buffer.dtype != dtype or buffer.device != device or buffer.numel() < n:
+            if buffer is not None:
+                self.nbytes -= buffer.numel() * buffer.element_size()
             # (room for a batch a little larger)
             buffer = self.buffers[key] = torch.empty(n + n // 4, dtype=dtype, device=device)
+            self.nbytes += buffer.numel() * buffer.element_size()
         return buffer[:n].view(shape)
 
     def pointers(self) -> set[int]:
@@ -144,6 +150,7 @@ class BatchedExecutor:
         self._sliced: set[int] = set()   # id() of the control slices whose blocks are built
         self._slice_branches: dict[str, tuple | None] = {}   # function -> its slice's branches (slice_branches)
         self.workspace = Workspace()   # stacked inputs and results tables, memory reused by every call
+        self._outputs_taken = 0        # native blocks' outputs this call has taken from the workspace
         self._tables_taken = 0
         self.block_notes: list[str] = []
         # native code runs on the CPU's memory: instances on another device run as torch ops
@@ -209,7 +216,7 @@ class BatchedExecutor:
         self.sizes = {sym: first[position].shape[dim] for sym, position, dim in self.program.sizes
                       if sym not in self.ragged}
         self.schedule = Schedule(lanes=count)
-        self._tables_taken = 0
+        self._tables_taken = self._outputs_taken = 0
         lane_sizes = torch.tensor([[inst[self._ragged_reads[sym][0]].shape[self._ragged_reads[sym][1]]
                                     for sym in self.ragged] for inst in instances], dtype=torch.int64)
         # a tensor created with a size that differs by lane is created padded, as the inputs are
@@ -312,7 +319,8 @@ class BatchedExecutor:
                     if self._run_in_buckets(part, env, count):
                         continue
                     layout = None if part.packed is None else self._layout(env, part.packed, count)
-                    run_block(part, env, count, layout, [self._mask(env, key, count) for key in part.masks])
+                    run_block(part, env, count, layout, [self._mask(env, key, count) for key in part.masks],
+                              self._block_output)
                     if layout is not None:
                         self.schedule.packed_rows += layout.total
                         self.schedule.padded_rows += layout.count * layout.width
@@ -323,6 +331,18 @@ class BatchedExecutor:
                 if only is None or id(op) in only:
                     self.run_op(op, env, count, only)
         return [env.get(v.id) for v in region.yields]
+
+    def _block_output(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """Memory for a native block's output: the n-th large one a call asks for reuses the
+        workspace memory the n-th of the last call had (nothing a call returns is in it). Fresh
+        megabytes cost a page fault per 4 KiB (a Berxit batch of 64 faulted 4,800 times a call);
+        small ones come from the allocator's pools anyway. Fresh where the workspace would pass
+        WORKSPACE_BYTES (a long run of stepped loops asks for outputs at every step)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < OUTPUT_REUSE_BYTES or self.workspace.nbytes + nbytes > WORKSPACE_BYTES:
+            return torch.empty(shape, dtype=dtype, device=torch.device(self.program.device))
+        self._outputs_taken += 1
+        return self.workspace.take(("output", self._outputs_taken), shape, dtype, torch.device(self.program.device))
 
     def _run_in_buckets(self, block: Block, env: dict, count: int) -> bool:
         """Run a masked block once per bucket of lanes of similar size (`buckets.py`), if it
@@ -336,7 +356,7 @@ class BatchedExecutor:
         groups = buckets(layout)
         if groups is None:
             return False
-        run_bucketed(block, env, count, sym, layout, groups)
+        run_bucketed(block, env, count, sym, layout, groups, self._block_output)
         self.schedule.bucketed_calls += len(groups)
         return True
 

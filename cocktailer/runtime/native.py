@@ -200,6 +200,13 @@ class Workers:
             self.retry_at = self.spent + self.wait
 
 
+Allocate = Callable[[tuple, torch.dtype], torch.Tensor]   # memory for an output: (shape, dtype) -> uninitialized tensor
+
+
+def _fresh(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
+
+
 class CompiledProgram:
     """Calls the generated entry once per inference. Inputs, constants and outputs are torch
     tensors bound by pointer; the scratch arena, the recursion stack and per-worker loop
@@ -307,16 +314,17 @@ class CompiledProgram:
                 raise CompiledCallError(f"input {k} is {TensorType.of(x)}; this program was compiled for "
                                         f"{self.entry.inputs[k]}")
 
-    def bind(self, inputs: Sequence[torch.Tensor]) -> "Bound":
+    def bind(self, inputs: Sequence[torch.Tensor], alloc: Allocate | None = None) -> "Bound":
         """Everything a call of these inputs needs, short of the call: its scratch laid out for
-        their sizes, its outputs allocated, the worker count chosen. A caller that makes the call
-        itself (`codegen.level_loop`) may repoint inputs and outputs at tensors of sizes no
-        larger, between calls."""
+        their sizes, its outputs allocated (by `alloc(shape, dtype)` where given, else fresh), the
+        worker count chosen. A caller that makes the call itself (`codegen.level_loop`) may
+        repoint inputs and outputs at tensors of sizes no larger, between calls."""
         self.check_inputs(inputs)
         inputs = [x.contiguous() for x in inputs]
         arena, stack, locals_, rets, err = self._scratch()
         layout, arena, stack = self._armed(inputs, arena, stack, err)
-        outputs = [torch.empty(shape, dtype=t.dtype) for shape, t in zip(layout.shapes, self.entry.outputs)]
+        alloc = alloc or _fresh
+        outputs = [alloc(shape, t.dtype) for shape, t in zip(layout.shapes, self.entry.outputs)]
         return Bound(inputs, outputs, (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs]),
                      (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs]),
                      arena, stack, locals_, rets, err, self.active_workers.choose(), self._fn, self._const_table)
@@ -345,8 +353,8 @@ class CompiledProgram:
         err[ERR_SIGINTS], err[ERR_MAX_ITERATIONS] = interrupt.arm(), self.max_iterations or 0
         return layout, arena, stack
 
-    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        b = self.bind(inputs)
+    def __call__(self, inputs: Sequence[torch.Tensor], alloc: Allocate | None = None) -> list[torch.Tensor]:
+        b = self.bind(inputs, alloc)
         start = time.perf_counter()
         code = b.function(b.input_pointers, b.output_pointers, b.constants, b.arena.data_ptr(), b.stack.data_ptr(),
                         self.max_depth, b.locals.data_ptr(), b.rets.data_ptr(), b.err, b.workers)
