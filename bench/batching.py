@@ -28,7 +28,10 @@ Systems, all on the same instances in one process, timed in interleaved rounds:
 
 Every system's results are checked against eager per instance before it is timed. The table
 gives each system's median per call and instances per second, the batched run's speedup over
-each peer, and the time of its inspectors (finding the call trees) on their own.
+each peer, and the time of its inspectors (finding the call trees) on their own. The process
+keeps freed memory for reuse (`machine.keep_freed_memory`): left to glibc, tensors of megabytes
+are faulted in again a page at a time on every call, and which system pays depends on what
+ran before it.
 
 --ablation (ACROBAT's Figure 6): the batched executor with its techniques added one at a time,
 timed interleaved on the same instances: one instance per call; all instances per call with
@@ -246,7 +249,7 @@ def ablation_table(data: dict) -> str:
 def table(data: dict) -> str:
     names = ["eager", "compile", "hand-batched", "dynet-agenda", "dynet-depth", "jax-vmap", "batch"]
     lines = ["# Throughput mode: many instances per call", "", machine.summary(data["machine"]),
-             f"- command: `{data['command']}`", "",
+             f"- command: `{data['command']}`", f"- allocator: {data.get('allocator', 'not recorded')}", "",
              "Median ms per call of all the instances (instances/s in parentheses for batch); "
              "x: batch's speedup over that system; inspect: the batched run's inspectors alone.", "",
              "| model | hidden | batch | " + " | ".join(names) + " | inspect ms | max error vs eager |",
@@ -309,7 +312,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     budget = Budget(warmup=2, min_runs=5, min_seconds=a.seconds, max_seconds=4 * a.seconds)
     data = {"machine": machine.describe(), "command": "python -m bench.batching " + " ".join(argv or []),
-            "workloads": [], "ablation": []}
+            "allocator": machine.keep_freed_memory(), "workloads": [], "ablation": []}
     for name in a.models.split(","):
         for hidden in ([int(h) for h in a.hidden.split(",")] if name in TREES or name in INSTANCES else [None]):
             for batch in (int(b) for b in a.batch.split(",")):
