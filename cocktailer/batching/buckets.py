@@ -3,8 +3,8 @@ size, each padded only to its own longest (bucketing by length).
 
 A block that mixes a lane's rows (attention's products and softmax over a sentence's tokens)
 runs on lanes padded to the batch's longest, so its work grows with lanes x longest^2 while
-the real work is the sum of each lane's size^2. SST sentences of 2 to 50 tokens waste three
-quarters of it. The block is compiled with that size symbolic and masks past each lane's own
+the real work is the sum of each lane's size^2: for Berxit's 64 SST sentences of 4 to 44
+tokens, 30% of it. The block is compiled with that size symbolic and masks past each lane's own
 size, so it runs as well on any subset of lanes at any width of at least their longest: the
 lanes sorted by size go to a few buckets, each called at its own width. Its inputs are padded
 from the packed rows directly, and its outputs (each lane's rows of that size, `Packed`) are
@@ -78,8 +78,8 @@ def run_bucketed(block: Block, env: dict, count: int, sym: Sym, layout: RowLayou
         own = RowLayout(lengths, width)
         at = layout.lane_rows(lanes)
         for k, (lane, t) in enumerate(zip(block.varying_outputs, outs)):
-            if not lane:
-                outputs[k] = t if outputs[k] is None else outputs[k]
+            if not lane:   # the same in every bucket
+                outputs[k] = t
                 continue
             if outputs[k] is None:
                 outputs[k] = alloc((layout.total, *t.shape[2:]), t.dtype)

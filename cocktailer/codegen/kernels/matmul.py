@@ -103,7 +103,7 @@ def _geometry(op: Operation, ctx: KernelContext | None = None):
     return batch, sta, stb, c(M), c(K), c(N), hint((M,)), hint((N,))
 
 
-def _in_place(op: Operation, batch, sta, stb, M, K, N, ctx: KernelContext):
+def _in_place(op: Operation, batch, sta, stb, K, N, ctx: KernelContext):
     """(batch strides of A and B, A's row stride, B's row stride, whether B is read transposed):
     where an operand is a view (`views`), its own strides."""
     lda, ldb, transposed = K, N, False
@@ -140,7 +140,7 @@ def render_matmul(op: Operation, ctx: KernelContext) -> str:
         return ""
     T = ctype(dt)
     head = [f"const {T}* k_a = {ctx.ptr(a)};", f"const {T}* k_b = {ctx.ptr(b)};", f"{T}* k_c = {ctx.ptr(out)};"]
-    sta, stb, lda, ldb, transposed = _in_place(op, batch, sta, stb, M, K, N, ctx)
+    sta, stb, lda, ldb, transposed = _in_place(op, batch, sta, stb, K, N, ctx)
     if views(op) and path(op).split()[0] != "gemm":
         raise AssertionError(f"a MATMUL reads a view on the {path(op)} path, which reads only contiguous operands")
     a_off = offset_expr("k_bi", batch, sta) if batch else "0"
