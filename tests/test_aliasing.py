@@ -542,3 +542,28 @@ def test_variables_rotating_through_each_others_memory_in_a_loop():
         b.mul_(2.0)
         return a + b + c
     assert_matches_eager(rotate, [(*(randn(3, seed=s * 6 + k) for k in range(6)), torch.tensor(s)) for s in range(4)])
+
+
+def _halved_through_a_rebound_alias(c):
+    v1 = c.view(())
+    v2 = c.detach()
+    for _ in range(3):
+        if c > 100:
+            v2 = torch.sigmoid(c) * torch.relu(c + v2)
+            v1 = v2
+        else:
+            if c > c:
+                pass
+            else:
+                v2 *= 0.5   # v2 is c on every step taken here: c is halved three times
+                v2 = v1
+    return c * 1
+
+
+@pytest.mark.xfail(strict=True, reason="open: the loop's merge of alias flags loses that v2 is c again after the "
+                                       "nested branch; every backend halves c once (fuzz seed 7247001)")
+def test_an_alias_rebound_in_a_nested_branch_of_a_loop_is_written_through_on_every_step():
+    """Found by the fuzzer (seed 7247001), on every backend, the reference included: eager
+    halves c three times (-0.028 -> -0.0035), the captured program once (-0.014). Without the
+    loop, or without the outer branch, the capture is right."""
+    assert_matches_eager(_halved_through_a_rebound_alias, [(torch.tensor(-0.028),)], backend="reference")
