@@ -103,7 +103,7 @@ def check(program: Program, config: str, sets: int = INPUT_SETS, max_iterations:
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            _call(eager_fn if not isinstance(eager_fn, torch.nn.Module) else copy.deepcopy(eager_fn), inputs[0])
+            _call(eager_fn if not isinstance(eager_fn, torch.nn.Module) else copy.deepcopy(eager_fn), _clone(inputs[0]))
     except TimeoutError:   # the minimizer's alarm: a candidate that loops for ever
         raise
     except Exception as e:
