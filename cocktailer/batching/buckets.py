@@ -71,7 +71,7 @@ def run_bucketed(block: Block, env: dict, count: int, sym: Sym, layout: RowLayou
     for lanes in groups:
         lengths = layout.lengths[lanes]
         width = max(int(lengths.max()), 1)
-        inputs = [_padded(env[v.id], v, sym, lanes, lengths, width, layout, count) if lane else env[v.id]
+        inputs = [_padded(env[v.id], v, sym, lanes, width, layout, count) if lane else env[v.id]
                   for v, lane in zip(block.inputs, block.varying_inputs)]
         masks = [lane_mask(lengths, width, rank, dim) for _, rank, dim in block.masks]
         outs = block.compiled(inputs + masks, alloc)
@@ -88,17 +88,12 @@ def run_bucketed(block: Block, env: dict, count: int, sym: Sym, layout: RowLayou
         env[v.id] = Packed(t, layout) if lane else t
 
 
-def _padded(value, v, sym: Sym, lanes: torch.Tensor, lengths: torch.Tensor, width: int, layout: RowLayout,
-            count: int) -> torch.Tensor:
+def _padded(value, v, sym: Sym, lanes: torch.Tensor, width: int, layout: RowLayout, count: int) -> torch.Tensor:
     """Lanes `lanes` of a lane value, its dims of size `sym` cut to `width`. Rows of a packed
-    value are gathered straight into that width (a lane's last row repeated past its size, as
-    `RowLayout.pad_index` pads)."""
+    value are gathered straight into that width (`RowLayout.pad_index_of`)."""
     shape = v.type.shape
     if isinstance(value, Packed) and value.layout.same(layout) and shape and shape[0] == sym and sym not in shape[1:]:
-        j = torch.arange(width)
-        last = (lengths - 1).clamp(min=0)
-        index = (layout.offsets[lanes][:, None] + torch.minimum(j[None, :], last[:, None])).flatten()
-        index.clamp_(max=max(layout.total - 1, 0))
+        index = layout.pad_index_of(lanes, width)
         return value.packed.index_select(0, index).view(len(lanes), width, *value.packed.shape[1:])
     t = rows(value, count).index_select(0, lanes)
     for d, size in enumerate(shape):

@@ -94,15 +94,21 @@ class RowLayout:
 
     @property
     def pad_index(self) -> torch.Tensor:
-        """Each padded position's packed row: a lane's own, its last one repeated past its size
-        (padding holds values the program has, as the stacked inputs' does: no division by a
-        zero nobody wrote), and a lane without rows reads row 0."""
+        """Each padded position's packed row (`pad_index_of` every lane at the width)."""
         if self._pad_index is None:
-            j = torch.arange(self.width, device=self.lengths.device)
-            last = (self.lengths - 1).clamp(min=0)
-            self._pad_index = (self.offsets[:, None] + torch.minimum(j[None, :], last[:, None])).flatten()
-            self._pad_index.clamp_(max=max(self.total - 1, 0))
+            self._pad_index = self.pad_index_of(None, self.width)
         return self._pad_index
+
+    def pad_index_of(self, lanes: torch.Tensor | None, width: int) -> torch.Tensor:
+        """Each position's packed row, for `lanes` (all where None) padded to `width`: a lane's
+        own, its last one repeated past its size (padding holds values the program has, as the
+        stacked inputs' does: no division by a zero nobody wrote), and a lane without rows
+        reads row 0."""
+        offsets, lengths = (self.offsets, self.lengths) if lanes is None else (self.offsets[lanes], self.lengths[lanes])
+        j = torch.arange(width, device=lengths.device)
+        last = (lengths - 1).clamp(min=0)
+        index = (offsets[:, None] + torch.minimum(j[None, :], last[:, None])).flatten()
+        return index.clamp_(max=max(self.total - 1, 0))
 
     def pack(self, padded: torch.Tensor) -> torch.Tensor:
         """Rows (lanes, width, ...) of a padded value -> its packed rows (total, ...)."""

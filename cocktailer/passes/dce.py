@@ -12,12 +12,13 @@ from __future__ import annotations
 from cocktailer.ir import Function, Op, Operation, Program, Region
 
 
-def _used_ids(region: Region, used: set[int]):
+def used_ids(region: Region, used: set[int]):
+    """Add the ids of the values `region` reads (operands, yields, nested regions') to `used`."""
     used.update(v.id for v in region.yields)
     for op in region.ops:
         used.update(v.id for v in op.operands)
         for r in op.regions:
-            _used_ids(r, used)
+            used_ids(r, used)
 
 
 def _sweep(region: Region, used: set[int]) -> bool:
@@ -39,7 +40,7 @@ def dce(program: Program) -> Program:
         changed = _drop_unread_call_results(program)
         for fn in program.functions.values():
             used: set[int] = set()
-            _used_ids(fn.body, used)
+            used_ids(fn.body, used)
             changed |= _sweep(fn.body, used)
             changed |= _drop_unread_results(fn.body, used)
         if not changed:

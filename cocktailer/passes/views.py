@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable
 
 from cocktailer.ir import CONTROL, Op, Operation, Program, Region, Value
+from cocktailer.passes.dce import used_ids
 
 _VIEWS = (Op.RESHAPE, Op.PERMUTE)
 _WRITES_IN_PLACE = (Op.UPDATE, Op.SCATTER)
@@ -76,8 +77,9 @@ def _view_chain(v: Value, made: dict, ops: list[Operation], at: int) -> tuple[Va
 def _drop_unread_views(program: Program) -> None:
     """Remove reshapes and permutes whose results nothing reads any more (a chain, inside out)."""
     while True:
-        read = {v.id for fn in program.functions.values() for region in fn.body.regions()
-                for v in [*(w for op in region.ops for w in op.reads()), *region.yields]}
+        read: set[int] = set()
+        for fn in program.functions.values():
+            used_ids(fn.body, read)
         dropped = False
         for fn in program.functions.values():
             for region in fn.body.regions():
