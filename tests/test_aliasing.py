@@ -560,10 +560,10 @@ def _halved_through_a_rebound_alias(c):
     return c * 1
 
 
-@pytest.mark.xfail(strict=True, reason="open: the loop's merge of alias flags loses that v2 is c again after the "
-                                       "nested branch; every backend halves c once (fuzz seed 7247001)")
 def test_an_alias_rebound_in_a_nested_branch_of_a_loop_is_written_through_on_every_step():
     """Found by the fuzzer (seed 7247001), on every backend, the reference included: eager
-    halves c three times (-0.028 -> -0.0035), the captured program once (-0.014). Without the
-    loop, or without the outer branch, the capture is right."""
-    assert_matches_eager(_halved_through_a_rebound_alias, [(torch.tensor(-0.028),)], backend="reference")
+    halves c three times (-0.028 -> -0.0035); the capture halved it once. At the loop's back
+    edge `v2` reaches c two ways (through the slot it had and through v1's, each under its
+    own flag); the walk of links kept only the first way to v1's slot, and the way taken
+    here was the second, so `v2 is c` came out false after one step."""
+    assert_matches_eager(_halved_through_a_rebound_alias, [(torch.tensor(-0.028),), (torch.tensor(300.0),)])

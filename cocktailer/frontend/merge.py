@@ -176,22 +176,23 @@ def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[
     for i, x in proxies:
         r.leaves[i] = (point(x.storage), x.chain)
     for storage, slot in slot_of.items():
-        for target, chain, flags in _link_targets(storage, is_outer, slot_of, (), {storage}):
+        for target, chain, flags in _link_targets(storage, is_outer, slot_of, (), frozenset({storage})):
             link = LinkPlan(slot, point(target), chain_structure(chain))
             r.links.setdefault(link.key, (link.target, []))[1].append((chain, flags))
     return r
 
 
-def _link_targets(storage: Storage, is_outer, slot_of, flags: tuple, seen: set) -> Iterator:
+def _link_targets(storage: Storage, is_outer, slot_of, flags: tuple, path: frozenset) -> Iterator:
     """(target, chain, flags) for what `storage` may be a view of, looking through local
-    storages no slot stands for (they are gone after the merge: what they lead to counts)."""
+    storages no slot stands for (they are gone after the merge: what they lead to counts).
+    Every way counts, each under its own flags: two ways may reach one storage (`path`, the
+    storages on this way, only keeps a cycle of links from being followed round)."""
     for link in storage.links:
         target, f = link.target, flags + (link.flag,)
         if is_outer(target) or target in slot_of:
             yield target, link.chain, f
-        elif target not in seen:
-            seen.add(target)
-            for t2, chain, f2 in _link_targets(target, is_outer, slot_of, f, seen):
+        elif target not in path:
+            for t2, chain, f2 in _link_targets(target, is_outer, slot_of, f, path | {target}):
                 yield t2, chain + link.chain, f2
 
 
@@ -324,7 +325,7 @@ def _found_leaf_link(r: Resolved, link: LinkPlan) -> tuple | None:
         # the variable is memory from outside that may itself be a view of the link's target
         # (a loop variable that entered the loop as another variable): its links say when
         hits = [(chain + point[1], flags) for target, chain, flags in
-                _link_targets(point[0][1], lambda s: True, {}, (), {point[0][1]})
+                _link_targets(point[0][1], lambda s: True, {}, (), frozenset({point[0][1]}))
                 if target_key(("outer", target)) == target_key(link.target)
                 and chain_structure(chain + point[1]) == link.structure]
         return (link.target, hits) if hits else None
