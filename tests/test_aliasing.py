@@ -567,3 +567,23 @@ def test_an_alias_rebound_in_a_nested_branch_of_a_loop_is_written_through_on_eve
     own flag); the walk of links kept only the first way to v1's slot, and the way taken
     here was the second, so `v2 is c` came out false after one step."""
     assert_matches_eager(_halved_through_a_rebound_alias, [(torch.tensor(-0.028),), (torch.tensor(300.0),)])
+
+
+def test_variables_permuted_by_branches_in_sequence_in_a_loop_are_written_where_they_are():
+    """After two tensor `if`s that each permute the variables, a variable reaches an input
+    through several dead intermediate storages, by several ways under different flags; a
+    write through it must reach the input whichever way was taken, in every iteration."""
+    def permute_twice(a, b, c, n: int):
+        for _ in range(n):
+            if a.sum() > 0:
+                a, b, c = b, c, a
+            else:
+                a, b, c = c, a, b
+            if b.sum() > 0.3:
+                a, b, c = a, c, b
+            else:
+                a, b, c = b, a, c
+            a.mul_(0.5)
+        b.add_(1.0)
+        return a + c
+    assert_matches_eager(permute_twice, [(*(randn(3, seed=s * 3 + k) for k in range(3)), 3) for s in range(5)])
