@@ -587,3 +587,17 @@ def test_variables_permuted_by_branches_in_sequence_in_a_loop_are_written_where_
         b.add_(1.0)
         return a + c
     assert_matches_eager(permute_twice, [(*(randn(3, seed=s * 3 + k) for k in range(3)), 3) for s in range(5)])
+
+
+def _returned_and_its_updated_copy(h):
+    soft = torch.softmax(h, -1)
+    copy = soft.clone()
+    copy[1] = h[0] * 0
+    return soft, copy.sum(0)
+
+
+def test_a_returned_tensor_is_not_the_memory_an_update_of_its_copy_writes():
+    """Found by the fuzzer (seeds 7251127, 7251152): the native memory plan let the UPDATE of
+    `copy` write into `soft`'s buffer in place, as nothing read `soft` after it; but the
+    function returns `soft`, read at its end. Row 1 of the first result came out zero."""
+    assert_matches_eager(_returned_and_its_updated_copy, [(randn(8, 6, seed=0),), (randn(3, 6, seed=1),)])

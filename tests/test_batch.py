@@ -1531,3 +1531,22 @@ def test_a_branch_inside_a_branch_of_the_slice_leaves_the_rounds_to_the_torch_in
     instances = [(randn(4, seed=k), torch.tensor(b)) for k, b in enumerate([0, 3, 1, 4, 2])]
     batched = assert_batch_matches(NestedGates().eval(), instances)
     assert "inside another branch's arm" in batched.schedule.inspectors["forward"]
+
+
+class ReturnedAndUpdatedCopy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, s):
+        soft = torch.softmax(self.lin(s), -1)
+        copy = soft.clone()
+        copy[1] = soft[0] * 0
+        return soft, copy.sum(0)
+
+
+def test_a_blocks_output_is_not_written_by_an_update_of_its_copy():
+    """Fuzz seed 7251127: the block returns `soft` and sums an updated copy of it; the
+    update wrote `soft`'s own rows (every lane's row 1 came out zero)."""
+    torch.manual_seed(0)
+    assert_batch_matches(ReturnedAndUpdatedCopy().eval(), [(randn(n, 6, seed=n),) for n in (8, 2, 5, 9)])

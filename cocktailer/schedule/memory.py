@@ -197,8 +197,8 @@ def _plan_function(fn: Function, plan: MemoryPlan, space: str, fan_out: bool, wa
         intervals.define(p, 0)
     intervals.walk(fn.body)
     intervals.pos += 1
-    for v in fn.body.yields:
-        intervals.use(v, intervals.pos)
+    for v in fn.body.yields:   # what the function returns is read at its end: no update may write it in place
+        intervals.read(v, intervals.pos)
     for p in fn.params:   # parameters are copied in by the caller; keep them for the whole call
         intervals.use(p, intervals.pos)
 
