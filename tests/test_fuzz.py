@@ -84,3 +84,18 @@ def test_sentence_programs_batched_agree_with_eager_per_instance():
             if outcome.status in ("mismatch", "crash", "invalid"):
                 failures.append(f"seed {seed} [{config}] {outcome.status}: {outcome.detail[:2000]}")
     assert not failures, "\n\n".join(failures)
+
+
+def test_a_reproducer_runs_on_its_own(tmp_path):
+    """What `run.py` writes for a failure runs as written, for a module of either generator
+    (a sentence program's module has no seeded buffer to fill): here, on programs that pass."""
+    import subprocess
+    import sys
+    from fuzz.harness import program_for
+    from fuzz.minimize import write_reproducer
+    for seed, config in ((7, "reference"), (1, "batch-ragged")):
+        program = program_for(seed, config)
+        assert program.module
+        path = write_reproducer(program, config, "(none: a check of the reproducer)", tmp_path)
+        run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300)   # the tests' cache
+        assert run.returncode == 0 and run.stdout.strip().endswith("passes"), run.stderr[-2000:]

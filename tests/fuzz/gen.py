@@ -69,6 +69,7 @@ class Program:
     helper: list[Stmt] = field(default_factory=list)    # `def rec(...)`, when the program recurses
     module: bool = False                # f is the forward of a module with `lin` and buffer `buf`
     nodes: int = 5                      # tree size, when it recurses
+    seeded_buffer = True                # build() fills the module's `buf` with seeded values
 
     @property
     def source(self) -> str:

@@ -231,6 +231,6 @@ def _literal(x) -> tuple:
 def _model_source(program: Program) -> str:
     if not program.module:
         return "    return f"
-    return (f"    torch.manual_seed({program.seed})\n    model = M().to({program.dtype}).eval()\n"
-            f"    with torch.no_grad():\n        model.buf.copy_(torch.randn(4, 3, dtype={program.dtype}))\n"
-            "    return model")
+    buffer = (f"    with torch.no_grad():\n        model.buf.copy_(torch.randn(4, 3, dtype={program.dtype}))\n"
+              if program.seeded_buffer else "")
+    return f"    torch.manual_seed({program.seed})\n    model = M().to({program.dtype}).eval()\n" + buffer + "    return model"

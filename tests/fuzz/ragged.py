@@ -26,6 +26,7 @@ LINEARS = 4    # self.lin0 .. lin3 (D -> D)
 @dataclass
 class RaggedProgram(Program):
     lengths: list[int] = field(default_factory=list)   # tokens of each input set
+    seeded_buffer = False                               # its module has linears only
 
     @property
     def source(self) -> str:
