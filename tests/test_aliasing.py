@@ -121,6 +121,51 @@ def test_recursive_function_writes_into_its_argument():
     assert_matches_eager(RecursionWritesItsArgument(), _trees())
 
 
+def transposed_in_every_iteration(x, n):
+    for _ in range(n):
+        x = x.t()       # a view of a view of ...: x's memory, transposed or not
+        x += 1.0
+    return x
+
+
+def unsqueezed_and_squeezed_in_every_iteration(x, n):
+    for _ in range(n):
+        x = x.unsqueeze(0).squeeze(0)[0:x.shape[0]]   # x again, through three views
+        x.mul_(0.5)
+    return x * 2
+
+
+def swapped_through_views(x, y, n):
+    for _ in range(n):
+        x, y = y.t(), x.t()
+        x.add_(y)
+    return x, y
+
+
+@pytest.mark.parametrize("fn, arity", [(transposed_in_every_iteration, 1),
+                                       (unsqueezed_and_squeezed_in_every_iteration, 1),
+                                       (swapped_through_views, 2)])
+def test_a_variable_viewed_again_in_every_iteration_of_a_tensor_loop(fn, arity):
+    # the chain of views grows by a step per iteration unless views that come back to a
+    # layout are made one: the loop's layout never settled and the loop was refused
+    assert_matches_eager(fn, [(*(randn(4, 4, seed=s + k) for k in range(arity)), torch.tensor(n))
+                              for s, n in ((0, 3), (1, 0), (2, 1))] +
+                             [(*(randn(6, 6, seed=9 + k) for k in range(arity)), torch.tensor(2))])
+
+
+def viewed_deeper_in_every_iteration(x, n):
+    a = x.t().clone()   # transposed strides: a's reshape below is a view of it, not of its value
+    for _ in range(n):
+        a = a.t().reshape(16).reshape(4, 4).t()
+        a.add_(1.0)
+    return a
+
+
+def test_a_view_chain_that_grows_with_every_iteration_is_refused_at_once():
+    with pytest.raises(cocktailer.UnsupportedError, match="one view deeper in every iteration"):
+        cocktailer.capture(viewed_deeper_in_every_iteration, (randn(4, 4, seed=0), torch.tensor(3)))
+
+
 def list_grows_in_a_tensor_loop(x, n):
     outs = []
     i = 0

@@ -503,7 +503,25 @@ def _trace_body(t: Tracer, body_fn, loop: _LoopState, info: RegionInfo) -> Regio
             t.set_state(saved)
     loop.head = loop.head.union(plan).without(unchanged)
     loop.written += new_written
+    _check_view_depth(loop, info)
     return None
+
+
+# Views of views that are the same view are made one (merge.canonical); a chain of a loop
+# variable's views longer than this one grows with every iteration, and each retrace of the
+# body would be longer than the last.
+_MAX_VIEW_STEPS = 16
+
+
+def _check_view_depth(loop: _LoopState, info: RegionInfo):
+    deep = [link.slot for link in loop.head.links.values() if len(link.structure) > _MAX_VIEW_STEPS]
+    deep += [("leaf", i) for i, leaf in loop.head.leaves.items() if len(leaf.structure) > _MAX_VIEW_STEPS]
+    if deep:
+        name = loop.names[deep[0][-1]]
+        _cannot_carry(info, f"variable `{name}` is a view of a view of ... of memory from before the loop, "
+                            f"one view deeper in every iteration",
+                      hint=f"make `{name}` a new tensor in the body (`.clone()`), or view the memory from before "
+                           "the loop afresh in each iteration")
 
 
 def _restructure(loop: _LoopState, out_leaves: list, out_spec, info: RegionInfo):
@@ -617,11 +635,10 @@ def _check_carried(loop: _LoopState, out_leaves: list, changed: list[int], info:
             _cannot_carry(info, f"variable `{loop.names[i]}` holds a Python {type(y).__name__} that changes in the body")
 
 
-def _cannot_carry(info: RegionInfo, why: str):
+def _cannot_carry(info: RegionInfo, why: str, hint: str = "carry only tensors and numbers across iterations"):
     if info.static_trip:
         raise Restart("unroll", info.loop_key)
-    raise UnsupportedError(f"this loop cannot become a compiled loop: {why}", info.loc,
-                           hint="carry only tensors and numbers across iterations")
+    raise UnsupportedError(f"this loop cannot become a compiled loop: {why}", info.loc, hint=hint)
 
 
 def _trace_cond(t: Tracer, cond_fn, loop: _LoopState, info: RegionInfo) -> Region:

@@ -29,9 +29,9 @@ import torch
 from cocktailer.errors import UnsupportedError
 from cocktailer.frontend.alias import Chain, Storage, ViewStep, chain_dynamic, chain_structure
 from cocktailer.frontend.tracer import Proxy, Tracer, Undefined, contiguous_meta, type_of
-from cocktailer.ir import BOOL, INDEX, Op, Region, SymbolicSizeError, TensorType, Value
+from cocktailer.ir import BOOL, INDEX, Op, Region, Sym, SymbolicSizeError, TensorType, Value
 from cocktailer.ir.ops import SEMANTICS
-from cocktailer.ir.infer import hinted_attrs
+from cocktailer.ir.infer import attrs_at, hinted_attrs, probe_values, syms_in
 
 Target = tuple   # ("outer", Storage) or ("slot", slot key)
 
@@ -174,7 +174,7 @@ def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[
     point = lambda s: ("outer", s) if is_outer(s) else ("slot", slot_of[s])
     r = Resolved(slot_of, {i: None for i in merged})
     for i, x in proxies:
-        r.leaves[i] = (point(x.storage), x.chain)
+        r.leaves[i] = (point(x.storage), canonical(x.storage, x.chain))
     for storage, slot in slot_of.items():
         for target, chain, flags in _link_targets(storage, is_outer, slot_of, (), frozenset({storage})):
             link = LinkPlan(slot, point(target), chain_structure(chain))
@@ -190,10 +190,10 @@ def _link_targets(storage: Storage, is_outer, slot_of, flags: tuple, path: froze
     for link in storage.links:
         target, f = link.target, flags + (link.flag,)
         if is_outer(target) or target in slot_of:
-            yield target, link.chain, f
+            yield target, canonical(target, link.chain), f
         elif target not in path:
             for t2, chain, f2 in _link_targets(target, is_outer, slot_of, f, path | {target}):
-                yield t2, chain + link.chain, f2
+                yield t2, canonical(t2, chain + link.chain), f2
 
 
 class ShapeMergeError(UnsupportedError):
@@ -324,10 +324,10 @@ def _found_leaf_link(r: Resolved, link: LinkPlan) -> tuple | None:
     if point[0][0] == "outer" and isinstance(point[0][1], Storage):
         # the variable is memory from outside that may itself be a view of the link's target
         # (a loop variable that entered the loop as another variable): its links say when
-        hits = [(chain + point[1], flags) for target, chain, flags in
+        hits = [(canonical(target, chain + point[1]), flags) for target, chain, flags in
                 _link_targets(point[0][1], lambda s: True, {}, (), frozenset({point[0][1]}))
                 if target_key(("outer", target)) == target_key(link.target)
-                and chain_structure(chain + point[1]) == link.structure]
+                and chain_structure(canonical(target, chain + point[1])) == link.structure]
         return (link.target, hits) if hits else None
     return None
 
@@ -411,6 +411,53 @@ def _chain(structure: tuple, values: Iterator[Value]) -> Chain:
 
 
 _META_INDEX = torch.zeros((), dtype=torch.int64, device="meta")
+
+
+def canonical(storage: Storage, chain: Chain) -> Chain:
+    """`chain` without the stretches that come back to a layout it had before (`x.t().t()`,
+    `x.unsqueeze(0).squeeze(0)`, `x[0:n]` of n rows): the same view of the same memory. A
+    variable viewed again in every iteration of a loop (`x = x.t()`) so keeps a chain of
+    bounded length, and the loop's layout settles. Layouts are taken over the storage's value
+    as if contiguous (a chain says which of its elements a view holds, whatever its strides),
+    symbolic sizes at their captured values and at probe values alike; a stretch with a
+    dynamic index stays (an index moves the offset by what it is at run time)."""
+    if not chain:
+        return chain
+    syms = storage.type.syms
+    probes = probe_values(syms, [storage.type])
+    with torch._C.DisableTorchFunction():
+        frames = [(values, torch.empty(tuple(values.get(d, d.hint if isinstance(d, Sym) else d)
+                                             for d in storage.type.shape), device="meta"))
+                  for values in ([{}, probes] if syms else [{}])]
+        kept, seen = [], {_layouts(m for _, m in frames): 0}   # layouts -> how many kept steps lead to them
+        for step in chain:
+            frames = [(values, _view_meta(step, meta, values)) for values, meta in frames]
+            if any(meta is None for _, meta in frames):
+                return chain
+            layout = _layouts(m for _, m in frames)
+            if step.dynamic:
+                kept.append(step)
+                seen = {layout: len(kept)}
+            elif layout in seen:
+                del kept[seen[layout]:]
+                seen = {lay: n for lay, n in seen.items() if n <= len(kept)}
+            else:
+                kept.append(step)
+                seen[layout] = len(kept)
+    return tuple(kept)
+
+
+def _view_meta(step: ViewStep, meta: torch.Tensor, values: dict) -> torch.Tensor | None:
+    """The step applied to a layout, sizes at `values`; None where it is not a view there."""
+    attrs = attrs_at(step.kwargs, values)
+    if syms_in(tuple(attrs.values())):   # a size other than a shape's
+        return None
+    out = SEMANTICS[step.op](meta, *(_META_INDEX for _ in step.dynamic), **attrs)
+    return out if out._is_view() else None
+
+
+def _layouts(metas) -> tuple:
+    return tuple((tuple(m.shape), m.stride(), m.storage_offset()) for m in metas)
 
 
 def chain_meta(meta: torch.Tensor, chain: Chain) -> torch.Tensor:

@@ -78,7 +78,7 @@ def _infer_symbolic(op: Op, operand_types: Sequence[TensorType], attrs: dict[str
 
 def _shape_from_probe(op: Op, operand_types, attrs, captured: TensorType, syms: tuple) -> tuple | None:
     """The result's shape with `syms` symbolic (the others at their captured values), or None."""
-    probes = _probe_values(syms, operand_types)
+    probes = probe_values(syms, operand_types)
     try:
         probed = infer_type(op, [_at(t, probes).hinted for t in operand_types],
                             attrs_at(attrs, probes))
@@ -129,7 +129,7 @@ def takes_whole(item: tuple) -> bool:
     return item[1:] in _WHOLE
 
 
-def _probe_values(syms: tuple, operand_types: Sequence[TensorType]) -> dict:
+def probe_values(syms: tuple, operand_types: Sequence[TensorType]) -> dict:
     """A value per size, other than its captured one and than every number among the
     operands' dims, and 1 more than a multiple of a large prime: no sum or product of a few
     of them is another's, so a result dim that has one came from that size."""
