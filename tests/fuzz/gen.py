@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 SHAPES = [(4, 3), (3,), (4,), ()]
+REBIND_RATE = 0.15   # of the statements in a branch or loop, how many more rebind variables to each other
 VIEWS_OF = {   # shape -> [(view expression with {v}, result shape)]
     (4, 3): [("{v}[{i4}]", (3,)), ("{v}[:, {i3}]", (4,)), ("{v}[1:3]", None), ("{v}.t()", (3, 4)),
              ("{v}.reshape(-1)", (12,)), ("{v}.view(12)", (12,)), ("{v}.detach()", (4, 3)), ("{v}.data", (4, 3)),
@@ -45,6 +46,7 @@ class Stmt:
     header: str | None = None                # `if ...:`, `for ...:`, `while ...:`, `def ...:`
     body: list = field(default_factory=list)
     orelse: list = field(default_factory=list)
+    rebind: bool = False                     # drawn from the rebind sequence (`Generator.rebind`)
 
     def render(self, indent: int = 0) -> list[str]:
         pad = "    " * indent
@@ -182,6 +184,9 @@ class Generator:
         self.depth = 0
         self.in_helper = False
         self.protected: set[str] = set()   # loop counters: never rebound by generated statements
+        # rebinds of variables to each other inside branches and loops come from a sequence of
+        # their own, so that every seed's program keeps the statements it had before them
+        self.rebinds = random.Random(seed * 7919 + 2)
 
     # -- entry -----------------------------------------------------------------------------
     def program(self) -> Program:
@@ -230,6 +235,10 @@ class Generator:
         return out
 
     def stmt(self) -> list[Stmt]:
+        rebind = self.rebind() if self.depth > 0 and self.rebinds.random() < REBIND_RATE else []
+        return rebind + self._stmt()
+
+    def _stmt(self) -> list[Stmt]:
         r = self.rng
         choices = [(self.assign, 5), (self.alias, 3), (self.write, 6)]
         if self.depth < 3:
@@ -305,6 +314,29 @@ class Generator:
         a, b = self.rng.sample(self.rng.choice(pairs), 2)
         return [Stmt(f"{a}, {b} = {b}, {a}")]
 
+    def rebind(self) -> list[Stmt]:
+        """A variable rebound to another one's tensor, or to a view of it of its own shape, or
+        two swapped, inside a branch or loop: after the construct a variable may be any of
+        several others' memory, reached by several ways (fuzz seed 7247001)."""
+        r = self.rebinds
+        same = {}
+        for n, v in self.vars.items():
+            if v.kind == "float" and not n.startswith("self.") and n not in self.protected:
+                same.setdefault(v.shape, []).append(n)
+        groups = [names for names in same.values() if len(names) >= 2]
+        if not groups:
+            return []
+        a, b = r.sample(r.choice(groups), 2)
+        shape = self.vars[a].shape
+        views = [template for template, out in VIEWS_OF.get(shape, []) if out == shape and "{i" not in template
+                 and "{d" not in template]
+        choice = r.random()
+        if choice < 0.35:
+            return [Stmt(f"{a}, {b} = {b}, {a}", rebind=True)]
+        if choice < 0.7 or not views:
+            return [Stmt(f"{a} = {b}", rebind=True)]
+        return [Stmt(f"{a} = " + r.choice(views).format(v=b), rebind=True)]   # no index in these: the main sequence is left alone
+
     def refusable(self) -> list[Stmt]:
         """What cocktailer may refuse (to check the refusal is clean and names the line):
         data-dependent shapes, Python values of tensors, randomness, unsupported ops, a list
@@ -370,7 +402,7 @@ class Generator:
         self.loop_depth += 1
         body = self.nested(r.randint(1, 4))
         if r.random() < 0.3:
-            body.insert(r.randrange(len(body) + 1), self.jump())
+            self._insert_jump(body)
         self.loop_depth -= 1
         del self.vars[var]
         return [Stmt(header=f"for {var} in range({trip}):", body=body)]
@@ -382,12 +414,18 @@ class Generator:
         self.protected.add(counter)
         body = self.nested(r.randint(1, 4))
         if r.random() < 0.4:
-            body.insert(r.randrange(len(body) + 1), self.jump())
+            self._insert_jump(body)
         body.insert(0, Stmt(f"{counter} += 1"))
         self.protected.discard(counter)
         self.loop_depth -= 1
         limit = r.randint(1, 4)
         return [Stmt(f"{counter} = 0"), Stmt(header=f"while {counter} < {limit} and {self.predicate()}:", body=body)]
+
+    def _insert_jump(self, body: list[Stmt]):
+        """A break or continue at a place drawn among the body's main statements (rebinds
+        between them leave the main sequence as it was)."""
+        main = [k for k, stmt in enumerate(body) if not stmt.rebind] + [len(body)]
+        body.insert(main[self.rng.randrange(len(main))], self.jump())
 
     def jump(self) -> Stmt:
         return Stmt(header=f"if {self.predicate()}:", body=[Stmt(self.rng.choice(["break", "continue"]))])
