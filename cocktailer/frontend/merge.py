@@ -324,10 +324,10 @@ def _found_leaf_link(r: Resolved, link: LinkPlan) -> tuple | None:
     if point[0][0] == "outer" and isinstance(point[0][1], Storage):
         # the variable is memory from outside that may itself be a view of the link's target
         # (a loop variable that entered the loop as another variable): its links say when
-        hits = [(canonical(target, chain + point[1]), flags) for target, chain, flags in
-                _link_targets(point[0][1], lambda s: True, {}, (), frozenset({point[0][1]}))
-                if target_key(("outer", target)) == target_key(link.target)
-                and chain_structure(canonical(target, chain + point[1])) == link.structure]
+        ways = [(target, canonical(target, chain + point[1]), flags) for target, chain, flags in
+                _link_targets(point[0][1], lambda s: True, {}, (), frozenset({point[0][1]}))]
+        hits = [(chain, flags) for target, chain, flags in ways
+                if target_key(("outer", target)) == target_key(link.target) and chain_structure(chain) == link.structure]
         return (link.target, hits) if hits else None
     return None
 
