@@ -168,6 +168,28 @@ def test_a_view_chain_that_grows_with_every_iteration_is_refused_at_once():
     assert_matches_eager(viewed_deeper_in_every_iteration, [(randn(4, 4, seed=0), 3)])
 
 
+def one_tensor_under_two_names_swapped_in_a_nested_branch(x, z):
+    v2 = z * 2
+    if x.sum() > 100:
+        pass
+    else:
+        if x.sum() > -100:
+            v2 = x[0] * 0 + 0.5
+            z = v2            # v2 and z: one tensor
+        if x.sum() > 0:
+            z, v2 = v2, z     # still one tensor, whichever way
+    z.tanh_()                 # so this writes v2 too
+    return v2
+
+
+def test_one_tensor_under_two_names_swapped_in_a_nested_branch_is_written_through_both():
+    # after the inner branches, v2 and z are each a view of memory no variable holds itself;
+    # the outer merge lost that they are one tensor (fuzz seed 7255027, every backend)
+    assert_matches_eager(one_tensor_under_two_names_swapped_in_a_nested_branch,
+                         [(randn(4, 3, seed=s), randn(3, seed=s + 10)) for s in range(3)] +
+                         [(torch.full((4, 3), 9.0), randn(3, seed=20))])
+
+
 def list_grows_in_a_tensor_loop(x, n):
     outs = []
     i = 0

@@ -162,7 +162,8 @@ class Resolved:
     links: dict[tuple, tuple[Target, list]] = field(default_factory=dict)
 
 
-def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[Storage], bool]) -> Resolved:
+def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[Storage], bool],
+            keep_shared: bool = False) -> Resolved:
     slot_of: dict[Storage, tuple] = {}
     proxies = [(i, side.leaves[i]) for i in merged if isinstance(side.leaves[i], Proxy)]
     for i, x in proxies:
@@ -171,6 +172,8 @@ def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[
     for i, x in proxies:   # memory that variables only view gets a slot of its own
         if not is_outer(x.storage):
             slot_of.setdefault(x.storage, ("hidden", side_index, i))
+    for k, storage in enumerate(_shared_within(slot_of, is_outer) if keep_shared else ()):
+        slot_of.setdefault(storage, ("shared", side_index, k))
     point = lambda s: ("outer", s) if is_outer(s) else ("slot", slot_of[s])
     r = Resolved(slot_of, {i: None for i in merged})
     for i, x in proxies:
@@ -180,6 +183,24 @@ def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[
             link = LinkPlan(slot, point(target), chain_structure(chain))
             r.links.setdefault(link.key, (link.target, []))[1].append((chain, flags))
     return r
+
+
+def _shared_within(slot_of: dict, is_outer) -> list[Storage]:
+    """Local memory that two slots' storages reach through links, no slot standing for it (two
+    variables that are one tensor on some path, each a view of it there): it gets a slot of its
+    own, else the merge would see each variable only as a view of what lies beyond it, and
+    a write through one would not reach the other (fuzz seed 7255027)."""
+    reached: dict[Storage, set] = {}
+    for storage, slot in slot_of.items():
+        todo, seen = [storage], {storage}
+        while todo:
+            for link in todo.pop().links:
+                target = link.target
+                if target not in seen and not is_outer(target) and target not in slot_of:
+                    seen.add(target)
+                    reached.setdefault(target, set()).add(slot)
+                    todo.append(target)
+    return [s for s, slots in reached.items() if len(slots) > 1]
 
 
 def _link_targets(storage: Storage, is_outer, slot_of, flags: tuple, path: frozenset) -> Iterator:
@@ -232,12 +253,12 @@ def merged_type(name: str, xs: list) -> TensorType:
 
 # -- the plan -----------------------------------------------------------------------------
 
-def make_plan(sides: list[Side], merged: list[int], names: list[str], is_outer, *, force_slots=()) -> \
-        tuple[Plan, list[Resolved]]:
+def make_plan(sides: list[Side], merged: list[int], names: list[str], is_outer, *, force_slots=(),
+              keep_shared: bool = False) -> tuple[Plan, list[Resolved]]:
     """The layout of the variables `merged` (positions in each side's leaves) where the paths
     `sides` meet. `force_slots`: variables that get a slot even where every path holds the
     same view (what a loop carries: after an iteration it may be something else)."""
-    resolved = [resolve(side, merged, k, is_outer) for k, side in enumerate(sides)]
+    resolved = [resolve(side, merged, k, is_outer, keep_shared) for k, side in enumerate(sides)]
     plan = Plan()
     for r in resolved:
         for storage, key in r.slot_of.items():
