@@ -257,7 +257,9 @@ def make_plan(sides: list[Side], merged: list[int], names: list[str], is_outer, 
               keep_shared: bool = False) -> tuple[Plan, list[Resolved]]:
     """The layout of the variables `merged` (positions in each side's leaves) where the paths
     `sides` meet. `force_slots`: variables that get a slot even where every path holds the
-    same view (what a loop carries: after an iteration it may be something else)."""
+    same view (what a loop carries: after an iteration it may be something else).
+    `keep_shared`: local memory two variables reach through links keeps a slot of its own
+    (`_shared_within`; an if's merge)."""
     resolved = [resolve(side, merged, k, is_outer, keep_shared) for k, side in enumerate(sides)]
     plan = Plan()
     for r in resolved:
