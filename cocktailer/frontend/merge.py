@@ -347,10 +347,10 @@ def _found_leaf_link(r: Resolved, link: LinkPlan) -> tuple | None:
     if point[0][0] == "outer" and isinstance(point[0][1], Storage):
         # the variable is memory from outside that may itself be a view of the link's target
         # (a loop variable that entered the loop as another variable): its links say when
-        ways = [(target, canonical(target, chain + point[1]), flags) for target, chain, flags in
-                _link_targets(point[0][1], lambda s: True, {}, (), frozenset({point[0][1]}))]
-        hits = [(chain, flags) for target, chain, flags in ways
-                if target_key(("outer", target)) == target_key(link.target) and chain_structure(chain) == link.structure]
+        ways = [(canonical(target, chain + point[1]), flags) for target, chain, flags in
+                _link_targets(point[0][1], lambda s: True, {}, (), frozenset({point[0][1]}))
+                if target_key(("outer", target)) == target_key(link.target)]
+        hits = [(chain, flags) for chain, flags in ways if chain_structure(chain) == link.structure]
         return (link.target, hits) if hits else None
     return None
 

@@ -304,26 +304,27 @@ class Generator:
         return [Stmt(r.choice(options)())]
 
     def swap(self) -> list[Stmt]:
-        same = {}
-        for n, v in self.vars.items():
-            if v.kind == "float" and not n.startswith("self.") and n not in self.protected:
-                same.setdefault(v.shape, []).append(n)
-        pairs = [names for names in same.values() if len(names) >= 2]
+        pairs = self._same_shape_groups()
         if not pairs:
             return self.assign()
         a, b = self.rng.sample(self.rng.choice(pairs), 2)
         return [Stmt(f"{a}, {b} = {b}, {a}")]
+
+    def _same_shape_groups(self) -> list[list[str]]:
+        """The float variables that may be rebound (not buffers, not loop counters), by shape,
+        where a shape has two or more."""
+        same = {}
+        for n, v in self.vars.items():
+            if v.kind == "float" and not n.startswith("self.") and n not in self.protected:
+                same.setdefault(v.shape, []).append(n)
+        return [names for names in same.values() if len(names) >= 2]
 
     def rebind(self) -> list[Stmt]:
         """A variable rebound to another one's tensor, or to a view of it of its own shape, or
         two swapped, inside a branch or loop: after the construct a variable may be any of
         several others' memory, reached by several ways (fuzz seed 7247001)."""
         r = self.rebinds
-        same = {}
-        for n, v in self.vars.items():
-            if v.kind == "float" and not n.startswith("self.") and n not in self.protected:
-                same.setdefault(v.shape, []).append(n)
-        groups = [names for names in same.values() if len(names) >= 2]
+        groups = self._same_shape_groups()
         if not groups:
             return []
         a, b = r.sample(r.choice(groups), 2)
