@@ -254,9 +254,7 @@ def _trace_if(test, then_fn: Callable, else_fn: Callable, state: tuple, names: S
     aligned = _align_branches(names, outs, dead=1 if returned else None)
     sides = [_side(t, region, leaves, end) for region, leaves, end in zip(regions, aligned.leaves, ends)]
     merged = list(range(len(aligned.names)))
-    # (memory two variables share beyond their own keeps a slot here: in a loop's plan such
-    # slots would be new ones in every retrace, and its layout would not settle)
-    plan, resolved = make_plan(sides, merged, aligned.names, _outside(t, *regions), keep_shared=True)
+    plan, resolved = make_plan(sides, merged, aligned.names, _outside(t, *regions))
     for side, r in zip(sides, resolved):
         values = side_values(t, plan, side, r)
         with on_side(t, side):

@@ -7,7 +7,10 @@ of those tensors, memory and all: new, a view of a tensor from before, or a view
 variable's tensor. `make_plan` works out one layout for every path:
 
 - a *slot* is a merged storage, with a value per path: the storage variable i is the base of
-  on that path (slot `("leaf", i)`), or memory that variables only view (`("hidden", ...)`);
+  on that path (slot `("leaf", i)`), memory that variables only view (`("hidden", ...)`), or
+  memory beyond the variables' own that two of them view in overlapping parts (`("shared",
+  how they view it, type)`; on one path several storages may stand for it, and the slot is
+  the one its views lead to there);
 - each variable is the base of its slot, or the same view of one target (an outer storage,
   or a slot) on every path;
 - a *link* says that a slot is a view of a target on some paths; its flag, a merged bool,
@@ -160,10 +163,18 @@ class Resolved:
     leaves: dict[int, tuple[Target, Chain] | None]         # variable -> (target, chain); None: no tensor
     # link key -> (target, [(chain, flags to AND)]): one entry per way the side reaches it
     links: dict[tuple, tuple[Target, list]] = field(default_factory=dict)
+    # a slot several storages stand for -> [(storage, flags of the ways to it)], in order
+    choices: dict[tuple, list] = field(default_factory=dict)
 
 
-def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[Storage], bool],
-            keep_shared: bool = False) -> Resolved:
+@dataclass(frozen=True)
+class Holds:
+    """A flag computed where the side's values are: slot `key` holds its `n`th storage."""
+    key: tuple
+    n: int
+
+
+def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[Storage], bool]) -> Resolved:
     slot_of: dict[Storage, tuple] = {}
     proxies = [(i, side.leaves[i]) for i in merged if isinstance(side.leaves[i], Proxy)]
     for i, x in proxies:
@@ -172,49 +183,136 @@ def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[
     for i, x in proxies:   # memory that variables only view gets a slot of its own
         if not is_outer(x.storage):
             slot_of.setdefault(x.storage, ("hidden", side_index, i))
-    for k, storage in enumerate(_shared_within(slot_of, is_outer) if keep_shared else ()):
-        slot_of.setdefault(storage, ("shared", side_index, k))
+    shared = _shared_within(slot_of, is_outer)
+    slot_of.update(shared)
     point = lambda s: ("outer", s) if is_outer(s) else ("slot", slot_of[s])
     r = Resolved(slot_of, {i: None for i in merged})
+    holds = _choices(r, shared)
     for i, x in proxies:
         r.leaves[i] = (point(x.storage), canonical(x.storage, x.chain))
-    for storage, slot in slot_of.items():
-        for target, chain, flags in _link_targets(storage, is_outer, slot_of, (), frozenset({storage})):
-            link = LinkPlan(slot, point(target), chain_structure(chain))
-            r.links.setdefault(link.key, (link.target, []))[1].append((chain, flags))
+    ways = [(storage, target, chain, flags) for storage in slot_of
+            for target, chain, flags in _link_targets(storage, is_outer, slot_of, (), frozenset({storage}))]
+    ways += list(_views_between_slots(slot_of, is_outer))
+    for alias, target, chain, flags in ways:
+        if point(target) != ("slot", slot_of[alias]):   # two storages of one slot: nothing to link
+            link = LinkPlan(slot_of[alias], point(target), chain_structure(chain))
+            _add_way(r, link, chain, flags + holds.get(alias, ()) + holds.get(target, ()))
+    for key, members in r.choices.items():   # which storage such a slot holds: one its ways lead to
+        r.choices[key] = [(storage, [flags for _, target, _, flags in ways if target is storage])
+                          for storage, _ in members]
     return r
 
 
-def _shared_within(slot_of: dict, is_outer) -> list[Storage]:
-    """Local memory that two slots' storages reach through links, no slot standing for it (two
-    variables that are one tensor on some path, each a view of it there): it gets a slot of its
-    own, else the merge would see each variable only as a view of what lies beyond it, and
+def _choices(r: Resolved, shared: dict) -> dict[Storage, tuple]:
+    """Storages that one slot stands for with others (the memory two variables share after
+    this iteration, and the one they shared after the last: which it is, a branch decided):
+    the flag each adds to its ways, that the slot holds it."""
+    by_key: dict[tuple, list] = {}
+    for storage, key in shared.items():
+        by_key.setdefault(key, []).append(storage)
+    holds = {}
+    for key, storages in by_key.items():
+        if len(storages) > 1:
+            r.choices[key] = [(s, []) for s in storages]
+            holds.update({s: (Holds(key, n),) for n, s in enumerate(storages)})
+    return holds
+
+
+def _add_way(r: Resolved, link: LinkPlan, chain: Chain, flags: tuple):
+    r.links.setdefault(link.key, (link.target, []))[1].append((chain, flags))
+
+
+def _reached_within(slot_of: dict, is_outer) -> dict[Storage, list]:
+    """Local memory no slot stands for, reached through links from slots' storages:
+    storage -> [(slot's storage, chain from it to the slot's, flags to AND)], every way."""
+    reached: dict[Storage, list] = {}
+    for storage in slot_of:
+        for target, chain, flags in _ways(storage, is_outer, slot_of, (), frozenset({storage})):
+            if not is_outer(target) and target not in slot_of:
+                reached.setdefault(target, []).append((storage, canonical(target, chain), flags))
+    return reached
+
+
+def _views_between_slots(slot_of: dict, is_outer) -> Iterator:
+    """(alias, target, chain, flags): two slots' storages that view one local memory no slot
+    stands for, one through a chain that starts with the other's, are the one a view of the
+    other where both ways hold (`v2 = z` made under a branch: one tensor under two names).
+    Without this link the merge sees each only as a view of what lies beyond the memory, and
     a write through one would not reach the other (fuzz seed 7255027)."""
-    reached: dict[Storage, set] = {}
-    for storage, slot in slot_of.items():
-        todo, seen = [storage], {storage}
-        while todo:
-            for link in todo.pop().links:
-                target = link.target
-                if target not in seen and not is_outer(target) and target not in slot_of:
-                    seen.add(target)
-                    reached.setdefault(target, set()).add(slot)
-                    todo.append(target)
-    return [s for s, slots in reached.items() if len(slots) > 1]
+    order = {storage: n for n, storage in enumerate(slot_of)}
+    for ways in _reached_within(slot_of, is_outer).values():
+        for (x, cx, fx), (y, cy, fy) in ((a, b) for a in ways for b in ways if a[0] is not b[0]):
+            if cx[:len(cy)] == cy and (len(cx) > len(cy) or order[x] > order[y]):   # equal: one link, not two
+                yield x, y, canonical(y, cx[len(cy):]), fx + fy
 
 
-def _link_targets(storage: Storage, is_outer, slot_of, flags: tuple, path: frozenset) -> Iterator:
-    """(target, chain, flags) for what `storage` may be a view of, looking through local
-    storages no slot stands for (they are gone after the merge: what they lead to counts).
-    Every way counts, each under its own flags: two ways may reach one storage (`path`, the
+def _shared_within(slot_of: dict, is_outer) -> dict[Storage, tuple]:
+    """Local memory that two slots' storages view in overlapping ways, neither view within the
+    other (`a, b = m[0:2], m[1:3]` of an `m` no variable holds): it gets a slot of its own, so
+    that a write through one reaches the other. Its key is how the slots view it, not which
+    memory it is: the memory two variables of a loop share after an iteration and the memory
+    they shared before it (a branch in the body decides which) are one slot, and the loop's
+    layout settles."""
+    out = {}
+    for storage, ways in _reached_within(slot_of, is_outer).items():
+        if any(x is not y and not _nested(cx, cy) and _overlap(storage, cx, cy)
+               for x, cx, _ in ways for y, cy, _ in ways):
+            views = tuple(sorted({(slot_of[x], chain_structure(c)) for x, c, _ in ways}, key=repr))
+            out[storage] = ("shared", views, storage.type)
+    return out
+
+
+def _nested(a: Chain, b: Chain) -> bool:
+    return a[:len(b)] == b or b[:len(a)] == a
+
+
+_MAX_OVERLAP_ELEMENTS = 1 << 20
+
+
+def _overlap(storage: Storage, a: Chain, b: Chain) -> bool:
+    """Whether views `a` and `b` of the storage may share an element (sizes at their captured
+    values; a dynamic index or a large storage: they may)."""
+    shape = tuple(d.hint if isinstance(d, Sym) else d for d in storage.type.shape)
+    numel = 1
+    for d in shape:
+        numel *= d
+    if any(step.dynamic for step in a + b) or numel > _MAX_OVERLAP_ELEMENTS:
+        return True
+    with torch._C.DisableTorchFunction():
+        elements = torch.arange(numel).reshape(shape)
+        covered = [_apply(elements, chain) for chain in (a, b)]
+        return any(c is None for c in covered) or bool(torch.isin(covered[0], covered[1]).any())
+
+
+def _apply(x: torch.Tensor, chain: Chain) -> torch.Tensor | None:
+    for step in chain:
+        attrs = hinted_attrs(step.kwargs)
+        try:
+            x = SEMANTICS[step.op](x, **attrs)
+        except RuntimeError:
+            return None
+    return x
+
+
+def _ways(storage: Storage, is_outer, slot_of, flags: tuple, path: frozenset) -> Iterator:
+    """(storage reached, chain, flags) for every storage `storage` may be a view of, looking
+    through local storages no slot stands for, each way under its own flags (`path`, the
     storages on this way, only keeps a cycle of links from being followed round)."""
     for link in storage.links:
         target, f = link.target, flags + (link.flag,)
+        yield target, link.chain, f
+        if not is_outer(target) and target not in slot_of and target not in path:
+            for t2, chain, f2 in _ways(target, is_outer, slot_of, f, path | {target}):
+                yield t2, chain + link.chain, f2
+
+
+def _link_targets(storage: Storage, is_outer, slot_of, flags: tuple, path: frozenset) -> Iterator:
+    """(target, chain, flags) for what `storage` may be a view of: outer storages and slots'
+    storages (local storages no slot stands for are gone after the merge: what they lead to
+    counts). Every way counts, each under its own flags."""
+    for target, chain, f in _ways(storage, is_outer, slot_of, flags, path):
         if is_outer(target) or target in slot_of:
-            yield target, canonical(target, link.chain), f
-        elif target not in path:
-            for t2, chain, f2 in _link_targets(target, is_outer, slot_of, f, path | {target}):
-                yield t2, canonical(t2, chain + link.chain), f2
+            yield target, canonical(target, chain), f
 
 
 class ShapeMergeError(UnsupportedError):
@@ -253,18 +351,19 @@ def merged_type(name: str, xs: list) -> TensorType:
 
 # -- the plan -----------------------------------------------------------------------------
 
-def make_plan(sides: list[Side], merged: list[int], names: list[str], is_outer, *, force_slots=(),
-              keep_shared: bool = False) -> tuple[Plan, list[Resolved]]:
+def make_plan(sides: list[Side], merged: list[int], names: list[str], is_outer, *,
+              force_slots=()) -> tuple[Plan, list[Resolved]]:
     """The layout of the variables `merged` (positions in each side's leaves) where the paths
     `sides` meet. `force_slots`: variables that get a slot even where every path holds the
-    same view (what a loop carries: after an iteration it may be something else).
-    `keep_shared`: local memory two variables reach through links keeps a slot of its own
-    (`_shared_within`; an if's merge)."""
-    resolved = [resolve(side, merged, k, is_outer, keep_shared) for k, side in enumerate(sides)]
+    same view (what a loop carries: after an iteration it may be something else)."""
+    resolved = [resolve(side, merged, k, is_outer) for k, side in enumerate(sides)]
     plan = Plan()
     for r in resolved:
         for storage, key in r.slot_of.items():
             plan.slots.setdefault(key, Slot(storage.type, storage.meta, storage.layout_varies))
+        for key, members in r.choices.items():   # the storages a slot chooses from: one layout?
+            if len({storage.meta.stride() for storage, _ in members}) > 1:
+                plan.slots[key] = Slot(plan.slots[key].type, contiguous_meta(plan.slots[key].type), True)
         for key, (target, _) in r.links.items():
             plan.links.setdefault(key, LinkPlan(key[0], target, key[2]))
     for i in merged:
@@ -322,8 +421,12 @@ def side_values(t: Tracer, plan: Plan, side: Side, r: Resolved) -> list[Value]:
     """The plan's values on this side, in the plan's order (see the module docstring)."""
     with on_side(t, side):
         by_slot = {key: storage for storage, key in r.slot_of.items()}
-        values = [_slot_value(t, side, by_slot.get(key), key, slot) for key, slot in plan.slots.items()]
+        holds, chosen = _chosen(t, r)
+        values = [chosen[key] if key in chosen else _slot_value(t, side, by_slot.get(key), key, slot)
+                  for key, slot in plan.slots.items()]
         found = [r.links.get(key) or _found_leaf_link(r, link) for key, link in plan.links.items()]
+        found = [None if f is None else (f[0], [(chain, tuple(holds.get(x, x) for x in flags)) for chain, flags in f[1]])
+                 for f in found]
         values += [_any(t, [_all(t, flags) for _, flags in f[1]]) if f is not None else t.false() for f in found]
         for link, f in zip(plan.links.values(), found):
             values += _indices(t, link.structure, f[1] if f is not None else None)
@@ -332,6 +435,23 @@ def side_values(t: Tracer, plan: Plan, side: Side, r: Resolved) -> list[Value]:
                 point = r.leaves.get(i)
                 values += _indices(t, leaf.structure, tuple(point[1]) if point is not None else None)
     return values
+
+
+def _chosen(t: Tracer, r: Resolved) -> tuple[dict, dict]:
+    """For each slot several storages stand for: the flag that it holds each (the first
+    whose ways hold), and its value on this side."""
+    holds, chosen = {}, {}
+    for key, members in r.choices.items():
+        taken = None   # some earlier storage is the one
+        for n, (storage, ways) in enumerate(members):
+            mine = _any(t, [_all(t, flags) for flags in ways]) if ways else t.false()
+            holds[Holds(key, n)] = mine if taken is None else t.emit1(Op.AND, [mine, t.emit1(Op.NOT, [taken])])
+            taken = mine if taken is None else t.emit1(Op.OR, [taken, mine])
+        value = t.storage_value(members[-1][0])
+        for n in range(len(members) - 2, -1, -1):
+            value = t.emit1(Op.WHERE, [holds[Holds(key, n)], t.storage_value(members[n][0]), value])
+        chosen[key] = value
+    return holds, chosen
 
 
 def _found_leaf_link(r: Resolved, link: LinkPlan) -> tuple | None:
