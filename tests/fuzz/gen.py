@@ -187,6 +187,7 @@ class Generator:
         # rebinds of variables to each other inside branches and loops come from a sequence of
         # their own, so that every seed's program keeps the statements it had before them
         self.rebinds = random.Random(seed * 7919 + 2)
+        self.temps = 0   # temporaries of rebinds (`t1`, ...): named apart, the `v` names stay as they were
 
     # -- entry -----------------------------------------------------------------------------
     def program(self) -> Program:
@@ -321,7 +322,7 @@ class Generator:
 
     def rebind(self) -> list[Stmt]:
         """A variable rebound to another one's tensor, or to a view of it of its own shape, or
-        two swapped, inside a branch or loop: after the construct a variable may be any of
+        two swapped, or two made overlapping views of a new tensor, inside a branch or loop: after the construct a variable may be any of
         several others' memory, reached by several ways (fuzz seed 7247001)."""
         r = self.rebinds
         groups = self._same_shape_groups()
@@ -334,6 +335,12 @@ class Generator:
         choice = r.random()
         if choice < 0.35:
             return [Stmt(f"{a}, {b} = {b}, {a}", rebind=True)]
+        if choice >= 0.85 and shape and shape[0] >= 2:
+            # overlapping views of a temporary no variable keeps (dead after this statement)
+            self.temps += 1
+            t = f"t{self.temps}"
+            return [Stmt(f"{t} = torch.cat([{b}, {a}[:1]])", rebind=True),
+                    Stmt(f"{a}, {b} = {t}[:-1], {t}[1:]", rebind=True)]
         if choice < 0.7 or not views:
             return [Stmt(f"{a} = {b}", rebind=True)]
         return [Stmt(f"{a} = " + r.choice(views).format(v=b), rebind=True)]   # no index in these: the main sequence is left alone
