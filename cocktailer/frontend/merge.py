@@ -22,6 +22,7 @@ none). `build(plan, values)` turns merged values back into tensors.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -187,7 +188,8 @@ def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[
     slot_of.update(shared)
     point = lambda s: ("outer", s) if is_outer(s) else ("slot", slot_of[s])
     r = Resolved(slot_of, {i: None for i in merged})
-    holds = _choices(r, shared)
+    choices = _choices(shared)
+    holds = {storage: (Holds(key, n),) for key, storages in choices.items() for n, storage in enumerate(storages)}
     for i, x in proxies:
         r.leaves[i] = (point(x.storage), canonical(x.storage, x.chain))
     ways = [(storage, target, chain, flags) for storage in slot_of
@@ -197,25 +199,19 @@ def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[
         if point(target) != ("slot", slot_of[alias]):   # two storages of one slot: nothing to link
             link = LinkPlan(slot_of[alias], point(target), chain_structure(chain))
             _add_way(r, link, chain, flags + holds.get(alias, ()) + holds.get(target, ()))
-    for key, members in r.choices.items():   # which storage such a slot holds: one its ways lead to
-        r.choices[key] = [(storage, [flags for _, target, _, flags in ways if target is storage])
-                          for storage, _ in members]
+    r.choices = {key: [(storage, [flags for _, target, _, flags in ways if target is storage]) for storage in storages]
+                 for key, storages in choices.items()}   # which storage such a slot holds: one its ways lead to
     return r
 
 
-def _choices(r: Resolved, shared: dict) -> dict[Storage, tuple]:
-    """Storages that one slot stands for with others (the memory two variables share after
-    this iteration, and the one they shared after the last: which it is, a branch decided):
-    the flag each adds to its ways, that the slot holds it."""
+def _choices(shared: dict) -> dict[tuple, list[Storage]]:
+    """The slots several storages stand for, with those storages in order (the memory two
+    variables share after this iteration, and the one they shared after the last: which it
+    is, a branch decided)."""
     by_key: dict[tuple, list] = {}
     for storage, key in shared.items():
         by_key.setdefault(key, []).append(storage)
-    holds = {}
-    for key, storages in by_key.items():
-        if len(storages) > 1:
-            r.choices[key] = [(s, []) for s in storages]
-            holds.update({s: (Holds(key, n),) for n, s in enumerate(storages)})
-    return holds
+    return {key: storages for key, storages in by_key.items() if len(storages) > 1}
 
 
 def _add_way(r: Resolved, link: LinkPlan, chain: Chain, flags: tuple):
@@ -273,9 +269,7 @@ def _overlap(storage: Storage, a: Chain, b: Chain) -> bool:
     """Whether views `a` and `b` of the storage may share an element (sizes at their captured
     values; a dynamic index or a large storage: they may)."""
     shape = tuple(d.hint if isinstance(d, Sym) else d for d in storage.type.shape)
-    numel = 1
-    for d in shape:
-        numel *= d
+    numel = math.prod(shape)
     if any(step.dynamic for step in a + b) or numel > _MAX_OVERLAP_ELEMENTS:
         return True
     with torch._C.DisableTorchFunction():
