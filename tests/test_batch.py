@@ -1430,6 +1430,27 @@ def test_the_round_loops_bindings_serve_later_batches_and_weights_changed_in_pla
         assert_same(out, want, rtol=1e-4, atol=1e-5, path=f"instance {k} after the weights changed")
 
 
+@native
+def test_the_level_loops_bindings_serve_a_batch_of_the_same_calls_again():
+    """The level loop keeps its programs' bindings by what they were bound for (sizes, layouts):
+    a batch whose call tree has the sizes of an earlier one repoints them instead of binding
+    again, and batches of other sizes in between do not disturb them."""
+    from cocktailer.models.throughput import drnn_instances
+    model, instances = drnn_instances(24, "small", seed=7)
+    model.eval()
+    batched = assert_batch_matches(model, instances[:8])
+    (executor,) = batched._executors.values()
+    (bindings,) = executor._level_bindings.values()
+    bound = dict(bindings)
+    assert bound
+    for batch in (instances[8:], instances[:5], instances[:8], instances):
+        with torch.no_grad():
+            outs = batched(_clone(batch))
+        for k, (out, args) in enumerate(zip(outs, batch)):
+            assert_same(out, model(*args), rtol=1e-4, atol=1e-5, path=f"instance {k}")
+    assert all(bindings.get(key) is binding for key, binding in bound.items())
+
+
 def _assert_same_tree(found, expected):
     """The round loop numbers the calls as the rounds driven from Python do (by round, then by
     the arms taken, then by site), so the trees are the same tensors."""

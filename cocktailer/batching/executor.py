@@ -133,6 +133,7 @@ class BatchedExecutor:
         self._levels: dict[tuple, LevelProgram | str] = {}   # (function, path, branches) -> its level program, or why
         self._loops: dict[int, LoopProgram | str] = {}   # id(loop op) -> its loop program, or why none
         self._rounds: dict[str, RoundProgram | str] = {}   # function -> its inspector's round program, or why none
+        self._level_bindings: dict[str, dict] = {}   # function -> its level loop's programs bound, kept across batches
         self._varying: set[int] | None = None   # the ids of the values that may differ by lane (lane_varying)
         self._producers: dict[int, Operation] | None = None
         self._outside: dict[int, list[int]] = {}   # id(region) -> the ids of the values it reads from outside
@@ -626,7 +627,9 @@ class BatchedExecutor:
         if isinstance(native, NativeInspector):
             branches = native.rendered.branches
         else:
-            branches = self._slice_branches.setdefault(plan.function.name, slice_branches(plan))
+            if plan.function.name not in self._slice_branches:
+                self._slice_branches[plan.function.name] = slice_branches(plan)
+            branches = self._slice_branches[plan.function.name]
             rounds = self._round_program(plan, branches)
             if not isinstance(rounds, RoundProgram):
                 self._build_slice_blocks(plan)
@@ -655,7 +658,7 @@ class BatchedExecutor:
             tables = [self._table((tree.calls, *t.shape), t.dtype) for t in fn.result_types]
         for run in self._runs(groups, levels):
             if isinstance(run[0][2], LevelProgram) and self.techniques.level_loop:
-                run_level_loop(run, stacked, tree, tables, sizes)
+                run_level_loop(run, stacked, tree, tables, sizes, self._level_bindings.setdefault(fn.name, {}))
                 self.schedule.level_loops[fn.name] = self.schedule.level_loops.get(fn.name, 0) + 1
             elif isinstance(run[0][2], LevelProgram):
                 for start, end, level in run:

@@ -97,11 +97,13 @@ def level_inputs(level: LevelProgram, stacked: list, tree, start: int, end: int,
 PER_CALL = ("root", "arg", "kids")   # the inputs of one row per call; the others are the same for every group
 
 
-def run_level_loop(run: list[tuple[int, int, LevelProgram]], stacked: list, tree, tables: list, per_lane_sizes):
+def run_level_loop(run: list[tuple[int, int, LevelProgram]], stacked: list, tree, tables: list, per_lane_sizes,
+                   bindings: dict):
     """Groups (start, end, level program), in order, run by one call of the native level loop
     (`codegen.level_loop`): each program bound once at its widest group, every group's inputs
-    and results found by offsetting row pointers."""
-    loop, index = LevelRun(), {}
+    and results found by offsetting row pointers. `bindings`: the caller's, kept across batches
+    (a batch of the sizes of an earlier one repoints its bindings instead of binding again)."""
+    loop, index = LevelRun(bindings), {}
     for level in {id(level): level for _, _, level in run}.values():
         widest = max(end - start for start, end, other in run if other is level)
         inputs = level_inputs(level, stacked, tree, 0, tree.calls, tables, per_lane_sizes)
