@@ -346,12 +346,16 @@ class CompiledFunction:
             for tree in trees:
                 tree.write_back(written)
         if boundary.plain:   # every output a yield of its own (the common case; per instance in a batch)
-            outputs = iter([results[boundary.slots[o.index].value] for o in boundary.outputs])
+            outputs = [results[boundary.slots[o.index].value] for o in boundary.outputs]
         else:
             sizes = {sym: tensors[position].shape[dim] for sym, position, dim in program.sizes}
-            outputs = iter(boundary.outputs_of(results, tensors, program.constants, sizes))
+            outputs = boundary.outputs_of(results, tensors, program.constants, sizes)
         out_spec, kinds = program.output_spec
-        result = pytree.unflatten(out_spec, [next(outputs) if is_tensor else value for is_tensor, value in kinds])
+        if out_spec.kind == "leaf" and kinds[0][0]:   # one tensor (the common case: per instance in a batch)
+            result = outputs[0]
+        else:
+            outputs = iter(outputs)
+            result = pytree.unflatten(out_spec, [next(outputs) if is_tensor else value for is_tensor, value in kinds])
         if program.attribute_writes:   # `self.h = ...` in forward: assigned again, with real tensors
             result, values = result
             assign_attributes(program.attribute_writes, values, self.fn, leaves)

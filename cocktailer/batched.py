@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import torch
 
 from cocktailer import pytree
-from cocktailer.api import CompiledFunction, GradFallbackWarning, _as_tuple, _leaf_key
+from cocktailer.api import CompiledFunction, GradFallbackWarning, _as_tuple
 from cocktailer.batching import BatchedExecutor, Techniques
 from cocktailer.errors import CocktailerError, CompiledCallError, InternalError, UnsupportedError
 from cocktailer.ir import Program
@@ -69,10 +69,10 @@ class BatchedFunction:
 
     def __call__(self, instances: Sequence) -> list:
         instances = [self._bound(i, args) for i, args in enumerate(instances)]
-        if any(self.single._needs_grad(args, kwargs) for args, kwargs, _ in instances):
+        if any(self.single._needs_grad(args, kwargs) for args, kwargs, _, _ in instances):
             warnings.warn("cocktailer compiles inference only: gradients are on, so the instances run eagerly one "
                           "after another", GradFallbackWarning, stacklevel=2)
-            return [self.fn(*args, **kwargs) for args, kwargs, _ in instances]
+            return [self.fn(*args, **kwargs) for args, kwargs, _, _ in instances]
         groups: dict[tuple, list[int]] = {}
         prepared = self._prepared(instances)
         for i, (_, _, _, _, _, group) in enumerate(prepared):
@@ -94,18 +94,20 @@ class BatchedFunction:
         return results
 
     def _bound(self, position: int, args) -> tuple:
-        """(args, kwargs, their flattening) of one instance, checked against the example's structure."""
+        """(args, kwargs, their flattening, layout) of one instance, checked against the example's
+        structure. `layout`: where the instance is plain tensors of the example's ranks and dtypes,
+        their layouts (instances of one layout share a program), else None."""
         args = _as_tuple(args)
-        if self._tensors_only is not None and len(args) == len(self._tensors_only) and all(
-                type(x) is torch.Tensor and x.dim() == rank and x.dtype == dtype
-                for x, (rank, dtype) in zip(args, self._tensors_only)):
-            return args, {}, (list(args), self._structure[0])
+        if self._tensors_only is not None and len(args) == len(self._tensors_only):
+            layout = _plain_layout(args, self._tensors_only)
+            if layout is not None:
+                return args, {}, (list(args), self._structure[0]), layout
         bound = self.single._bind(args, {})
         flat = pytree.flatten(bound)
         mismatch = _mismatch(self._structure, _structure(flat))
         if mismatch:
             raise BatchInputError([position], [mismatch])
-        return (*bound, flat)
+        return (*bound, flat, None)
 
     def _prepared(self, instances: list) -> list:
         """Each instance's (program, run, leaves, trees, tensors, group): `group` is equal for
@@ -116,9 +118,7 @@ class BatchedFunction:
         prepared, bad, reasons = [], [], []
         by_layout: dict[tuple, tuple] = {}
         with self.single.guards_checked_once():
-            for i, (args, kwargs, flat) in enumerate(instances):
-                # (the example's own spec: `_bound` took its plain-tensors path, no kwargs)
-                layout = _tensor_layouts(flat[0]) if flat[1] is self._structure[0] else None
+            for i, (args, kwargs, flat, layout) in enumerate(instances):
                 found = by_layout.get(layout) if layout is not None else None
                 if found is not None:
                     prepared.append((*found[:2], flat[0], [], flat[0], found[2]))
@@ -182,12 +182,16 @@ class BatchedFunction:
             raise BatchInputError(bad, reasons)
 
 
-def _tensor_layouts(leaves: list) -> tuple | None:
-    """What selects an instance's program where its arguments are plain tensors (as `compile`'s
-    cache key does: shapes, dtypes, devices, strides where not contiguous); None otherwise."""
-    if not all(type(x) is torch.Tensor for x in leaves):
-        return None
-    return tuple(_leaf_key(x) for x in leaves)
+def _plain_layout(args: tuple, expected: tuple) -> tuple | None:
+    """The layouts of plain tensors of the `expected` (rank, dtype) each, as what selects their
+    program (`compile`'s cache key: shapes, dtypes, devices, strides where not contiguous);
+    None where one is not such a tensor."""
+    layout = []
+    for x, (rank, dtype) in zip(args, expected):
+        if type(x) is not torch.Tensor or x.dtype != dtype or x.dim() != rank:
+            return None
+        layout.append((x.shape, x.device) if x.is_contiguous() else (x.shape, x.device, x.stride()))
+    return tuple(layout)
 
 
 def _structure(flat: tuple) -> tuple:

@@ -14,6 +14,7 @@ output shares memory with what it views exactly as in eager.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -50,9 +51,10 @@ class Boundary:
     def constants_written(self) -> list[str]:
         return [index for kind, index, _ in self.written if kind == "const"]
 
-    @property
+    @functools.cached_property
     def plain(self) -> bool:
-        """Every output is a yield of its own: nothing to reconstruct."""
+        """Every output is a yield of its own: nothing to reconstruct. (Worked out once, on the
+        first call: a boundary is complete when capture returns it.)"""
         return not self.written and all(not o.steps and o.source == "slot" and not self.slots[o.index].alternatives
                                         for o in self.outputs) and \
             len({o.index for o in self.outputs}) == len(self.outputs)
