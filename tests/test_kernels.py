@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from cocktailer.codegen.kernels import KERNELS, ctype, supported
+from cocktailer.codegen.kernels import KERNELS, ctype, gemm, matmul, supported
 from cocktailer.codegen.kernels.standalone import Library, render
 from cocktailer.runtime.compiler import compile_shared_library
 from cocktailer.ir import CREATION, SEMANTICS, Op, Operation, TensorType, Value, infer_type
@@ -516,6 +516,26 @@ def test_avx512_paths_build_on_any_machine():
     checked, only where it has it (test_kernel)."""
     source, _ = render([c.operation for c in _isa_picks()])
     compile_shared_library(source, ("-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"))
+
+
+def test_packed_gemms_through_mkl_tiles(monkeypatch):
+    """Without AVX-512 the packed GEMM's worker tiles call MKL's sgemm_ (a lone worker keeps the
+    micro-kernels): forced on here, so that machines with AVX-512 check that path too, with
+    transposed, strided and batched operands as the cases have them."""
+    if not gemm.blas_available():
+        pytest.skip("torch's library exports no sgemm_ here")
+    picks = [c for c in ALL_CASES if c.op is Op.MATMUL and matmul.path(c.operation).startswith("gemm")]
+    if matmul.blas_tiles():   # this machine's choice: test_kernel runs them so
+        assert render([c.operation for c in picks])[0].count("sgemm_(") >= len(picks)
+        return
+    monkeypatch.setattr(matmul, "blas_tiles", lambda: True)
+    lib = Library([c.operation for c in picks])
+    assert lib.source.count("sgemm_(") >= len(picks)
+    for nt in WORKERS:
+        for j, case in enumerate(picks):
+            out = garbage(case.operation.results[0].type)
+            assert lib.run(j, [t.contiguous() for t in case.inputs] + [out], workers=nt, reps=2) == 0
+            check(case, out)
 
 
 def test_integer_division_by_zero_in_a_same_shape_divisor_gives_zero():

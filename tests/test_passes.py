@@ -581,6 +581,18 @@ def test_products_read_reshapes_and_permutes_of_their_operands_in_place(name):
     assert_matches_eager(fn, [[torch.randn(s) for s in call] for call in shapes], backend="cpu", atol=1e-4)
 
 
+def test_products_read_views_in_place_through_mkl_tiles(monkeypatch):
+    """The same products with the packed GEMM's tiles in MKL's sgemm_ (what machines without
+    AVX-512 run, and the test above checks there): strided A, transposed and batched B."""
+    from cocktailer.codegen.kernels import gemm, matmul
+    if matmul.blas_tiles() or not gemm.blas_available():
+        pytest.skip("this machine's GEMMs take that path already (or there is no sgemm_)")
+    monkeypatch.setattr(matmul, "blas_tiles", lambda: True)
+    torch.manual_seed(0)
+    for fn, shapes in _VIEW_PRODUCTS.values():
+        assert_matches_eager(fn, [[torch.randn(s) for s in call] for call in shapes], backend="cpu", atol=1e-4)
+
+
 def _native_ops(fast) -> list:
     (_, compiled), = fast.cache.values()
     return [op for part in compiled.record.parts for op in part.program.walk()]

@@ -28,12 +28,16 @@ row at a time into L1 accumulators (`_gemv_sweep`).
 Measured with bench/kernels.py (2 workers, against torch's MKL/oneDNN at 2 threads): on a
 2-core Zen 4, 140-190 GFLOP/s at the models' GEMM shapes (MKL: 110-150), batch-1 GEMVs 2-4x
 faster than torch's; MKL's own sgemm_ called per worker tile was measured too and was never
-faster, so nothing here calls it. On a 2-core AVX2 Zen, the GEMMs take 0.90-1.33x MKL's time
-and the GEMVs 0.56-0.85x.
+faster there. On a 2-core AVX2 Zen the GEMMs took 0.85-1.35x MKL's time (0.34-0.81x at 8-24
+rows) and the GEMVs 0.54-0.60x; MKL's sgemm_ per worker tile was faster at every GEMM shape
+measured (8-1984 rows: 2-45% less time), so without AVX-512 the packed GEMM's tiles call it
+(`blas_tiles`; matmul.py), and GEMVs and convolutions keep the code here.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+from pathlib import Path
 
 import torch
 
@@ -479,6 +483,44 @@ def choose_variant(m: int, n: int) -> tuple[int, int]:
     if native_has_avx512():
         return min(VARIANTS, key=padded)
     return min(VARIANTS, key=lambda v: padded(v) / _fmas_per_load(*v))
+
+
+@functools.cache
+def blas_tiles() -> bool:
+    """Whether a packed GEMM's worker tiles call the BLAS torch links (MKL's `sgemm_`) instead
+    of the micro-kernels here: where the CPU has no AVX-512 and torch's library exports it.
+    Measured on a 2-core AVX2 Zen (bench.kernels, 2 workers): MKL's single-threaded sgemm_ per
+    tile runs the models' GEMMs at 150-178 GFLOP/s where the micro-kernels here reach 105-135
+    (Berxit's 1363 x 256 @ 256 x 1024: 4.2 ms against 6.3); with AVX-512 the micro-kernels
+    are the faster (see the module's docstring)."""
+    return not native_has_avx512() and blas_available()
+
+
+@functools.cache
+def blas_available() -> bool:
+    """Whether torch's own library exports the Fortran BLAS `sgemm_` (its x86 builds do, from MKL)."""
+    try:
+        return hasattr(ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")), "sgemm_")
+    except OSError:
+        return False
+
+
+def blas_tile(transposed: bool, K, a: str, lda, b: str, ldb, c: str, ldc) -> str:
+    """C for one worker tile, rows [k_m0, k_m1) and columns [k_n0, k_n1) of a row-major
+    C = A @ B, through the Fortran BLAS `sgemm_` (column-major: C^T = B^T A^T). `a`, `b`, `c`:
+    the operands' first elements (b: of column 0 of B; c: of C's row 0, column 0);
+    `transposed`: B's element (k, j) is at j * ldb + k. Only for a team of two or more
+    workers: MKL called inside an active parallel region runs on the calling thread, while
+    called from a lone worker it starts threads of its own beside the program's (Berxit's
+    batched blocks then stalled for 35-100 ms now and then)."""
+    b_tile = f"{b} + k_n0 * {ldb}" if transposed else f"{b} + k_n0"
+    return ("{ extern void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,\n"
+            "                     const float*, const int*, const float*, const int*, const float*, float*, const int*);\n"
+            f"const int k_tn = (int)(k_n1 - k_n0), k_tm = (int)(k_m1 - k_m0), k_tk = (int)({K});\n"
+            f"const int k_tldb = (int)({ldb}), k_tlda = (int)({lda}), k_tldc = (int)({ldc});\n"
+            "const float k_one = 1.0f, k_zero = 0.0f;\n"
+            f'sgemm_("{"T" if transposed else "N"}", "N", &k_tn, &k_tm, &k_tk, &k_one, {b_tile}, &k_tldb, '
+            f"{a} + k_m0 * {lda}, &k_tlda, &k_zero, {c} + k_m0 * {ldc} + k_n0, &k_tldc); }}")
 
 
 @functools.cache

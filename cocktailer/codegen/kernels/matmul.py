@@ -24,7 +24,7 @@ import torch
 from cocktailer.codegen.kernels.common import (block, broadcast_strides, ceil_div, hint, numel, offset_expr, product,
                                                split, strides_of)
 from cocktailer.codegen.kernels.context import KernelContext, ctype
-from cocktailer.codegen.kernels.gemm import GEMV_ROWS, choose_variant
+from cocktailer.codegen.kernels.gemm import GEMV_ROWS, blas_tile, blas_tiles, choose_variant
 from cocktailer.ir import Operation, Sym, SymbolicSizeError
 
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)
@@ -240,6 +240,9 @@ def _gemm(nb, M, K, N, a_off, b_off, ctx, b=None, m=None, n=None, lda=None, ldb=
         source = f"const ck_mat k_bm = {{ k_b + {b_off}, {ldb}, {N}, 0 }};\n"
     call = (source + f"ck_sgemm_{mr}x{nr}(k_m1 - k_m0, k_n1 - k_n0, {K}, k_a + {a_off} + k_m0 * {lda}, {lda}, {packer}, "
             f"&k_bm, k_n0, k_c + k_bi * {product(M, N)} + k_m0 * {N}, {N}, {N}, 0, 0);")
+    if blas_tiles():   # (a lone worker keeps the micro-kernels: see blas_tile)
+        call = (f"if ({ctx.workers} > 1) " + blas_tile(transposed, K, f"k_a + {a_off}", lda, f"k_b + {b_off}", ldb,
+                                                        f"k_c + k_bi * {product(M, N)}", N) + f"\nelse {{\n{call}\n}}")
     return gemm_tiles(nb, M, N, mr, nr, ctx, call)
 
 
