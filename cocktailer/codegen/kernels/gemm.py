@@ -510,9 +510,9 @@ def blas_tile(transposed: bool, K, a: str, lda, b: str, ldb, c: str, ldc) -> str
     C = A @ B, through the Fortran BLAS `sgemm_` (column-major: C^T = B^T A^T). `a`, `b`, `c`:
     the operands' first elements (b: of column 0 of B; c: of C's row 0, column 0);
     `transposed`: B's element (k, j) is at j * ldb + k. Only for a team of two or more
-    workers: MKL called inside an active parallel region runs on the calling thread, while
-    called from a lone worker it starts threads of its own beside the program's (Berxit's
-    batched blocks then stalled for 35-100 ms now and then)."""
+    workers: inside an active parallel region MKL runs on the calling thread, outside one
+    (a lone worker) it may parallelize the call itself, and Berxit's batched blocks then
+    stalled for 35-100 ms now and then (not with the micro-kernels there)."""
     b_tile = f"{b} + k_n0 * {ldb}" if transposed else f"{b} + k_n0"
     return ("{ extern void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,\n"
             "                     const float*, const int*, const float*, const int*, const float*, float*, const int*);\n"
