@@ -183,9 +183,9 @@ class BatchedFunction:
 
 
 def _plain_layout(args: tuple, expected: tuple) -> tuple | None:
-    """The layouts of plain tensors of the `expected` (rank, dtype) each, as what selects their
-    program (`compile`'s cache key: shapes, dtypes, devices, strides where not contiguous);
-    None where one is not such a tensor."""
+    """The layouts of plain tensors of the `expected` (rank, dtype) each: what selects their
+    program beyond the dtypes (as `compile`'s cache key does: shapes, devices, strides where not
+    contiguous); None where one is not such a tensor."""
     layout = []
     for x, (rank, dtype) in zip(args, expected):
         if type(x) is not torch.Tensor or x.dtype != dtype or x.dim() != rank:
