@@ -221,14 +221,21 @@ def test_long_skeleton_compiled_without_optimizing_it(monkeypatch):
         assert_same(traced(*w.inputs), w.model(*w.inputs), RTOL, ATOL, path="lstm")
 
 
-def test_constant_weights_of_a_gemm_are_prepacked_and_repacked_when_changed():
-    """A GEMM's constant B is packed once, at load; writing the weights in place packs again."""
+@pytest.mark.parametrize("mkl", [False, True])
+def test_constant_weights_of_a_gemm_are_prepacked_and_repacked_when_changed(mkl, monkeypatch):
+    """A GEMM's constant B is packed once, at load; writing the weights in place packs again.
+    Where the tiles call MKL (`kernels.gemm.blas_tiles`) nothing is prepacked: MKL reads the
+    weights where they are, written or not."""
+    from cocktailer.codegen.kernels import gemm, matmul
+    if mkl and not gemm.blas_available():
+        pytest.skip("torch's library exports no sgemm_ here")
+    monkeypatch.setattr(matmul, "blas_tiles", lambda: mkl)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(600, 100), nn.Tanh(), nn.Linear(100, 24)).eval()
     x = torch.randn(33, 600)   # rows enough for the GEMM path; depth in 3 packed blocks; partial panels
     fast = cocktailer.compile(model, (x,), backend="cpu")
     (_, compiled), = fast.cache.values()
-    assert len(compiled.record.rendered.prepacked) == 2
+    assert len(compiled.record.rendered.prepacked) == (0 if mkl else 2)
     with torch.no_grad():
         assert_same(fast(x), model(x), RTOL, ATOL)
         model[0].weight.mul_(-0.5)

@@ -498,9 +498,11 @@ def blas_tiles() -> bool:
 
 @functools.cache
 def blas_available() -> bool:
-    """Whether torch's own library exports the Fortran BLAS `sgemm_` (its x86 builds do, from MKL)."""
+    """Whether torch's own library exports MKL's Fortran `sgemm_` and its per-thread thread
+    count (its x86 builds do)."""
     try:
-        return hasattr(ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")), "sgemm_")
+        library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        return hasattr(library, "sgemm_") and hasattr(library, "mkl_set_num_threads_local_")
     except OSError:
         return False
 
@@ -509,18 +511,21 @@ def blas_tile(transposed: bool, K, a: str, lda, b: str, ldb, c: str, ldc) -> str
     """C for one worker tile, rows [k_m0, k_m1) and columns [k_n0, k_n1) of a row-major
     C = A @ B, through the Fortran BLAS `sgemm_` (column-major: C^T = B^T A^T). `a`, `b`, `c`:
     the operands' first elements (b: of column 0 of B; c: of C's row 0, column 0);
-    `transposed`: B's element (k, j) is at j * ldb + k. Only for a team of two or more
-    workers: inside an active parallel region MKL runs on the calling thread, outside one
-    (a lone worker) it may parallelize the call itself, and Berxit's batched blocks then
-    stalled for 35-100 ms now and then (not with the micro-kernels there)."""
+    `transposed`: B's element (k, j) is at j * ldb + k. MKL runs the tile on the calling
+    thread (its thread count for this thread set to 1, then restored): a lone worker, outside
+    an active parallel region, would otherwise have MKL start a team of its own beside the
+    program's workers (Berxit's batched blocks then stalled 35-100 ms now and then)."""
     b_tile = f"{b} + k_n0 * {ldb}" if transposed else f"{b} + k_n0"
     return ("{ extern void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,\n"
             "                     const float*, const int*, const float*, const int*, const float*, float*, const int*);\n"
+            "extern int mkl_set_num_threads_local_(const int*);\n"
             f"const int k_tn = (int)(k_n1 - k_n0), k_tm = (int)(k_m1 - k_m0), k_tk = (int)({K});\n"
             f"const int k_tldb = (int)({ldb}), k_tlda = (int)({lda}), k_tldc = (int)({ldc});\n"
             "const float k_one = 1.0f, k_zero = 0.0f;\n"
+            "const int k_tone = 1, k_tthreads = mkl_set_num_threads_local_(&k_tone);\n"
             f'sgemm_("{"T" if transposed else "N"}", "N", &k_tn, &k_tm, &k_tk, &k_one, {b_tile}, &k_tldb, '
-            f"{a} + k_m0 * {lda}, &k_tlda, &k_zero, {c} + k_m0 * {ldc} + k_n0, &k_tldc); }}")
+            f"{a} + k_m0 * {lda}, &k_tlda, &k_zero, {c} + k_m0 * {ldc} + k_n0, &k_tldc);\n"
+            "mkl_set_num_threads_local_(&k_tthreads); }")
 
 
 @functools.cache

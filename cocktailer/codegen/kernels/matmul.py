@@ -127,7 +127,7 @@ def path(op: Operation) -> str:
         return "dot"
     if isinstance(M, int) and M <= GEMV_ROWS:
         return "gemv"
-    return "gemm %dx%d" % choose_variant(m, n)
+    return "gemm mkl" if blas_tiles() else "gemm %dx%d" % choose_variant(m, n)
 
 
 def render_matmul(op: Operation, ctx: KernelContext) -> str:
@@ -232,6 +232,9 @@ def _gemm(nb, M, K, N, a_off, b_off, ctx, b=None, m=None, n=None, lda=None, ldb=
     (k, j) is at j * ldb + k."""
     lda, ldb = K if lda is None else lda, N if ldb is None else ldb
     mr, nr = choose_variant(M if isinstance(M, int) else m, N if isinstance(N, int) else n)
+    if blas_tiles():
+        return gemm_tiles(nb, M, N, mr, nr, ctx, blas_tile(transposed, K, f"k_a + {a_off}", lda, f"k_b + {b_off}", ldb,
+                                                           f"k_c + k_bi * {product(M, N)}", N))
     packed = ctx.prepacked(b, nr) if b is not None else None
     if packed is not None:   # weights packed once, ahead of time: the driver reads the panels in place
         source, packer = f"const ck_prepacked k_bm = {{ {packed}, {-(-N // nr) * nr} }};\n", "0"
@@ -240,9 +243,6 @@ def _gemm(nb, M, K, N, a_off, b_off, ctx, b=None, m=None, n=None, lda=None, ldb=
         source = f"const ck_mat k_bm = {{ k_b + {b_off}, {ldb}, {N}, 0 }};\n"
     call = (source + f"ck_sgemm_{mr}x{nr}(k_m1 - k_m0, k_n1 - k_n0, {K}, k_a + {a_off} + k_m0 * {lda}, {lda}, {packer}, "
             f"&k_bm, k_n0, k_c + k_bi * {product(M, N)} + k_m0 * {N}, {N}, {N}, 0, 0);")
-    if blas_tiles():   # (a lone worker keeps the micro-kernels: see blas_tile)
-        call = (f"if ({ctx.workers} > 1) " + blas_tile(transposed, K, f"k_a + {a_off}", lda, f"k_b + {b_off}", ldb,
-                                                        f"k_c + k_bi * {product(M, N)}", N) + f"\nelse {{\n{call}\n}}")
     return gemm_tiles(nb, M, N, mr, nr, ctx, call)
 
 
