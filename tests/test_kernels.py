@@ -519,9 +519,9 @@ def test_avx512_paths_build_on_any_machine():
 
 
 def test_packed_gemms_through_mkl_tiles(monkeypatch):
-    """Without AVX-512 the packed GEMM's worker tiles call MKL's sgemm_ (a lone worker keeps the
-    micro-kernels): forced on here, so that machines with AVX-512 check that path too, with
-    transposed, strided and batched operands as the cases have them."""
+    """Without AVX-512 the packed GEMM's worker tiles call MKL's sgemm_, a lone worker's too:
+    forced on here, so that machines with AVX-512 check that path too, with transposed, strided
+    and batched operands as the cases have them."""
     if not gemm.blas_available():
         pytest.skip("torch's library exports no sgemm_ here")
     picks = [c for c in ALL_CASES if c.op is Op.MATMUL and matmul.path(c.operation).startswith("gemm")]

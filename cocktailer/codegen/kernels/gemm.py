@@ -28,10 +28,12 @@ row at a time into L1 accumulators (`_gemv_sweep`).
 Measured with bench/kernels.py (2 workers, against torch's MKL/oneDNN at 2 threads): on a
 2-core Zen 4, 140-190 GFLOP/s at the models' GEMM shapes (MKL: 110-150), batch-1 GEMVs 2-4x
 faster than torch's; MKL's own sgemm_ called per worker tile was measured too and was never
-faster there. On a 2-core AVX2 Zen the GEMMs took 0.85-1.35x MKL's time (0.34-0.81x at 8-24
-rows) and the GEMVs 0.54-0.60x; MKL's sgemm_ per worker tile was faster at every GEMM shape
-measured (8-1984 rows: 2-45% less time), so without AVX-512 the packed GEMM's tiles call it
-(`blas_tiles`; matmul.py), and GEMVs and convolutions keep the code here.
+faster there. On a 2-core AVX2 Zen the GEMMs took 0.85-1.35x the time of torch's matmul and
+the GEMVs 0.54-0.60x; MKL's sgemm_ per worker tile took less time than the micro-kernels at
+every GEMM shape measured but one (lstm's 64 x 256 @ 256 x 1024, even): 7-31% less at the
+models' 64-row shapes, 18-25% at 31 and 1984 rows, 12-49% at 8-24 rows. So without AVX-512
+the packed GEMM's tiles call it (`blas_tiles`; matmul.py); GEMVs and convolutions keep the
+code here.
 """
 from __future__ import annotations
 
