@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
+import os
 
 import torch
 
-from cocktailer.runtime.compiler import native_has_avx512
+from cocktailer.runtime.compiler import TORCH_LIB, native_has_avx512
 
 VW = 16                       # floats per vector
 KC = 256                      # max depth of one packed block
@@ -503,7 +503,7 @@ def blas_available() -> bool:
     """Whether torch's own library exports MKL's Fortran `sgemm_` and its per-thread thread
     count (its x86 builds do)."""
     try:
-        library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        library = ctypes.CDLL(os.path.join(TORCH_LIB, "libtorch_cpu.so"))   # (what _link_flags links)
         return hasattr(library, "sgemm_") and hasattr(library, "mkl_set_num_threads_local_")
     except OSError:
         return False
