@@ -134,6 +134,23 @@ def test_berxit_attention_runs_in_buckets_of_similar_lengths():
     assert few.schedule.bucketed_calls == 0
 
 
+def test_an_encoder_layer_is_one_packed_block_before_attention_and_one_after():
+    """Berxit's query, key and value Linears, each followed by its split into heads (a size
+    read, a view, a transpose), make one packed block, not three; the output projection, both
+    LayerNorms and the FFN another: with attention and the exit head, four native calls a
+    layer. Every result is eager's."""
+    from cocktailer.batching.blocks import Block
+    model, _ = INSTANCES["berxit"](1, size="small", seed=0)
+    model.threshold = 2.0
+    instances = [(randn(n, 16, seed=n),) for n in (3, 9, 2, 14, 6)]   # (a sentence of 1 is a program of its own)
+    batched = assert_batch_matches(model, instances)
+    (executor,) = batched._executors.values()
+    blocks = [p for parts in executor._segments.values() for p in parts if isinstance(p, Block)]
+    assert len(blocks) == 4 * len(model.layers)
+    products = [sum(op.op.name == "MATMUL" for op in b.ops) for b in blocks if b.packed is not None]
+    assert products == [3, 3] * len(model.layers)   # (query, key, value), (out, ff1, ff2)
+
+
 def test_buckets_split_lanes_of_very_different_sizes_only():
     from cocktailer.batching.buckets import buckets
     from cocktailer.batching.lanes import RowLayout

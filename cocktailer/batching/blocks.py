@@ -91,8 +91,12 @@ def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragg
     """The region's ops, maximal runs of two or more batchable data ops grouped into Blocks.
     `ragged`: the sizes that may differ by lane (an op that needs each lane's own to check an
     index runs in the executor, and one that must mask padding too unless `masks`);
-    `producers`: the op defining each value; `packed`: row-wise runs compute on packed rows."""
-    out, run = [], []
+    `producers`: the op defining each value; `packed`: row-wise runs compute on packed rows.
+
+    IR ops are pure: a data op that is not batchable and reads nothing the run computes (a
+    sentence's length for a `view`, between the query's and the key's Linear) runs before the
+    run instead of ending it."""
+    out, run, made = [], [], set()
 
     def close():
         for sym, ops in (_by_layout(run, varying, ragged) if packed and run else [(None, run)]):
@@ -101,10 +105,14 @@ def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragg
             else:
                 out.extend(ops)
         run.clear()
+        made.clear()
 
     for op in region.ops:
         if _batchable(op, varying) and (not needs_lane_sizes(op, ragged) or masks and _maskable(op, varying, ragged)):
             run.append(op)
+            made.update(r.id for r in op.results)
+        elif op.op not in CONTROL and not any(v.id in made for v in op.operands):
+            out.append(op)
         else:
             close()
             out.append(op)
@@ -120,23 +128,35 @@ def _maskable(op: Operation, varying: set[int], ragged) -> bool:
                     for k, _, _ in masked_operands(op, ragged)))
 
 
+_ANY = object()   # the layout of a part that holds only ops reading nothing lane-varying, so far
+
+
 def _by_layout(run: list[Operation], varying: set[int], ragged: set) -> list[tuple]:
-    """The run cut into maximal parts of ops that are row-wise along one ragged size (packed)
-    and of the others: (that size or None, ops). An op that reads nothing lane-varying (a
-    weight's transpose) goes with the part before it, or the first."""
-    parts: list[tuple] = []
-    shared: list[Operation] = []   # such ops before the first part
+    """The run cut into parts of ops that are row-wise along one ragged size (packed) and of
+    the others: (that size or None, ops). IR ops are pure, so an op goes to the first part of
+    its layout after the parts that compute its operands, wherever it lies in the run: the
+    query, key and value Linears of attention, each followed by its split into heads (a
+    permute, not row-wise), make one packed part, not three parts between padded ones. An op
+    that reads nothing lane-varying (a weight's transpose) joins the first part it may."""
+    parts: list[list] = []            # [layout, ops]
+    part_of: dict[int, int] = {}      # value id -> the part computing it
     for op in run:
-        if not any(v.id in varying for v in op.operands):
-            (parts[-1][1] if parts else shared).append(op)
-            continue
-        sym = row_wise(op, varying, ragged)
-        if parts and (parts[-1][0] == sym if sym is not None else parts[-1][0] is None):
-            parts[-1][1].append(op)
-        else:
-            parts.append((sym, [*shared, op]))
-            shared = []
-    return _joined(parts) or [(None, shared)]
+        shared = not any(v.id in varying for v in op.operands)
+        sym = None if shared else row_wise(op, varying, ragged)
+        first = 0
+        for v in op.operands:
+            at = part_of.get(v.id)
+            if at is not None:
+                first = max(first, at if shared or parts[at][0] in (sym, _ANY) else at + 1)
+        at = next((k for k in range(first, len(parts)) if shared or parts[k][0] in (sym, _ANY)), None)
+        if at is None:
+            at = len(parts)
+            parts.append([_ANY if shared else sym, []])
+        elif not shared and parts[at][0] is _ANY:
+            parts[at][0] = sym
+        parts[at][1].append(op)
+        part_of.update((r.id, at) for r in op.results)
+    return _joined([(None if sym is _ANY else sym, ops) for sym, ops in parts])
 
 
 def _joined(parts: list[tuple]) -> list[tuple]:
