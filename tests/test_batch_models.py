@@ -157,11 +157,22 @@ def test_buckets_split_lanes_of_very_different_sizes_only():
     even = RowLayout(torch.full((32,), 20), 20)
     assert buckets(even) is None                     # one call costs least
     sizes = torch.tensor([50, 3, 4, 48, 5, 2, 6, 7] * 4)
-    groups = buckets(RowLayout(sizes, 50))
-    assert groups is not None and 2 <= len(groups) <= 4
-    together = torch.cat(groups)
+    layout = RowLayout(sizes, 50)
+    plan = buckets(layout)
+    assert plan is not None and 2 <= len(plan) <= 4
+    together = torch.cat(plan.lanes)
     assert sorted(together.tolist()) == list(range(32))           # each lane in one bucket
     assert sizes[together].tolist() == sorted(sizes.tolist())     # shortest first
+    # every bucket's padded rows hold its lanes' own rows first, the last one repeated after
+    rows = torch.arange(layout.total)
+    padded = rows[plan.gather]
+    for lanes, width, start in zip(plan.lanes, plan.widths, plan.starts):
+        assert width == int(sizes[lanes].max())
+        for k, lane in enumerate(lanes.tolist()):
+            own = rows[layout.offsets[lane]:layout.offsets[lane] + sizes[lane]]
+            got = padded[start + k * width:start + (k + 1) * width]
+            assert got.tolist() == own.tolist() + [own[-1].item()] * (width - len(own))
+    assert torch.equal(padded[plan.scatter], rows)                # packing the padded rows gives them back
 
 
 def test_sizes_have_their_hidden_dims():

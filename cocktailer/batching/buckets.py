@@ -15,6 +15,9 @@ the block masks along no other size; else it runs over all lanes at once (`block
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from cocktailer.batching.blocks import Block, lane_mask
@@ -43,60 +46,141 @@ def bucketed_size(block: Block, ragged) -> Sym | None:
     return sym
 
 
-def buckets(layout: RowLayout) -> list[torch.Tensor] | None:
-    """The lanes in buckets of similar size (each sorted by size), or None where one call over
-    all lanes costs less: a call's work taken as lanes x width^2, one more call as CALL_COST of
-    a call over all lanes at the full width."""
+@dataclass
+class Buckets:
+    """Lanes in buckets of similar size and where their rows lie padded: bucket b holds the
+    lanes `lanes[b]` (sorted by size) at width `widths[b]`, as rows `starts[b]` .. of one
+    buffer of `rows` padded rows (lane after lane, `widths[b]` rows each)."""
+    lanes: list[torch.Tensor]
+    sizes: list[np.ndarray]   # the bucket's lanes' own sizes
+    widths: list[int]
+    starts: list[int]
+    rows: int
+    gather: torch.Tensor      # each padded row's packed row (a lane's last row past its size)
+    scatter: torch.Tensor     # each packed row's padded row
+
+    def __len__(self) -> int:
+        return len(self.lanes)
+
+
+def buckets(layout: RowLayout) -> Buckets | None:
+    """The lanes in buckets of similar size, or None where one call over all lanes costs less:
+    a call's work taken as lanes x width^2, one more call as CALL_COST of a call over all lanes
+    at the full width. Worked out with numpy: a few dozen lanes' index arithmetic costs more in
+    torch ops' overhead than in arithmetic (Berxit: 5 ms a batch of 64 in torch)."""
     count, width = layout.count, layout.width
-    if count < MIN_LANES:
+    if count < MIN_LANES or layout.total == 0:
         return None
-    order = torch.argsort(layout.lengths, stable=True)
-    sizes = layout.lengths[order].tolist()
+    lengths = layout.lengths.numpy()
+    order = np.argsort(lengths, kind="stable")
+    sizes = lengths[order]
     whole = count * width * width
     best, best_cost = None, whole
     for k in range(2, MAX_BUCKETS + 1):
         bounds = [count * i // k for i in range(k + 1)]
-        cost = sum((hi - lo) * max(sizes[hi - 1], 1) ** 2 for lo, hi in zip(bounds, bounds[1:]))
+        cost = sum((hi - lo) * max(int(sizes[hi - 1]), 1) ** 2 for lo, hi in zip(bounds, bounds[1:]))
         cost += (k - 1) * CALL_COST * whole
         if cost < best_cost:
-            best, best_cost = [order[lo:hi] for lo, hi in zip(bounds, bounds[1:])], cost
-    return best
+            best, best_cost = bounds, cost
+    return None if best is None else _placed(layout, lengths, order, best)
 
 
-def run_bucketed(block: Block, env: dict, count: int, sym: Sym, layout: RowLayout, groups: list[torch.Tensor],
-                 alloc) -> None:
+def _placed(layout: RowLayout, lengths: np.ndarray, order: np.ndarray, bounds: list[int]) -> Buckets:
+    """The buckets `order[lo:hi]` for consecutive bounds, with their rows' places."""
+    offsets = layout.offsets.numpy()
+    lanes, sizes, widths, starts, gathers = [], [], [], [], []
+    first_row = np.empty(layout.count, dtype=np.int64)   # each lane's first padded row
+    start = 0
+    for lo, hi in zip(bounds, bounds[1:]):
+        group = order[lo:hi]
+        own = lengths[group]
+        w = max(int(own.max()), 1)
+        last = np.maximum(own - 1, 0)
+        gathers.append((offsets[group][:, None] + np.minimum(np.arange(w)[None, :], last[:, None])).ravel())
+        first_row[group] = start + np.arange(len(group)) * w
+        lanes.append(torch.from_numpy(group))
+        sizes.append(own)
+        widths.append(w)
+        starts.append(start)
+        start += len(group) * w
+    gather = np.minimum(np.concatenate(gathers), layout.total - 1)
+    scatter = np.repeat(first_row - offsets, lengths) + np.arange(layout.total)
+    return Buckets(lanes, sizes, widths, starts, start, torch.from_numpy(gather), torch.from_numpy(scatter))
+
+
+def run_bucketed(block: Block, env: dict, count: int, sym: Sym, layout: RowLayout, plan: Buckets, alloc) -> None:
     """Call the block once per bucket of lanes, each padded to its own longest; its per-lane
-    outputs, packed under `layout`, into `env` (in memory from `alloc(shape, dtype)`)."""
-    outputs = [None] * len(block.outputs)
-    for lanes in groups:
-        lengths = layout.lengths[lanes]
-        width = max(int(lengths.max()), 1)
-        inputs = [_padded(env[v.id], v, sym, lanes, width, layout, count) if lane else env[v.id]
-                  for v, lane in zip(block.inputs, block.varying_inputs)]
-        masks = [lane_mask(lengths, width, rank, dim) for _, rank, dim in block.masks]
-        outs = block.compiled(inputs + masks, alloc)
-        own = RowLayout(lengths, width)
-        at = layout.lane_rows(lanes)
+    outputs, packed under `layout`, into `env` (in memory from `alloc(shape, dtype)`).
+
+    A packed input is gathered into every bucket's padded rows at once (one index_select), each
+    bucket's outputs are written into one buffer of padded rows, and that is packed at once."""
+    whole = [_padded_rows(env[v.id], v, sym, layout, plan, alloc) if lane else None
+             for v, lane in zip(block.inputs, block.varying_inputs)]
+    buffers: list = [None] * len(block.outputs)
+    shared: list = [None] * len(block.outputs)
+    for b, lanes in enumerate(plan.lanes):
+        n, w, at = len(lanes), plan.widths[b], plan.starts[b]
+        inputs = [env[v.id] if not lane else
+                  rows_[at:at + n * w].view(n, w, *rows_.shape[1:]) if rows_ is not None else
+                  _padded(env[v.id], v, sym, lanes, w, count)
+                  for v, lane, rows_ in zip(block.inputs, block.varying_inputs, whole)]
+        lengths = torch.from_numpy(plan.sizes[b])
+        masks = [lane_mask(lengths, w, rank, dim) for _, rank, dim in block.masks]
+        outs = block.compiled(inputs + masks, _into_buffers(block, buffers, at, n * w, plan.rows, alloc))
         for k, (lane, t) in enumerate(zip(block.varying_outputs, outs)):
             if not lane:   # the same in every bucket
-                outputs[k] = t
-                continue
-            if outputs[k] is None:
-                outputs[k] = alloc((layout.total, *t.shape[2:]), t.dtype)
-            outputs[k].index_copy_(0, at, own.pack(t))
-    for v, lane, t in zip(block.outputs, block.varying_outputs, outputs):
-        env[v.id] = Packed(t, layout) if lane else t
+                shared[k] = t
+            elif buffers[k] is None or t.data_ptr() != buffers[k][at].data_ptr():
+                buffers[k] = _buffer(buffers[k], plan.rows, t, alloc)
+                buffers[k][at:at + n * w].view(t.shape).copy_(t)
+    for k, (v, lane) in enumerate(zip(block.outputs, block.varying_outputs)):
+        if lane:
+            out = alloc((layout.total, *buffers[k].shape[1:]), buffers[k].dtype)
+            env[v.id] = Packed(torch.index_select(buffers[k], 0, plan.scatter, out=out), layout)
+        else:
+            env[v.id] = shared[k]
 
 
-def _padded(value, v, sym: Sym, lanes: torch.Tensor, width: int, layout: RowLayout, count: int) -> torch.Tensor:
-    """Lanes `lanes` of a lane value, its dims of size `sym` cut to `width`. Rows of a packed
-    value are gathered straight into that width (`RowLayout.pad_index_of`)."""
+def _into_buffers(block: Block, buffers: list, at: int, count: int, rows: int, alloc):
+    """An allocator for one bucket's call: its lane-varying outputs (lanes, width, ...) go
+    straight into their rows `at` .. `at + count` of one buffer of every bucket's padded rows
+    (`buffers`, made at the first bucket), anything else where `alloc` puts it."""
+    taken = 0
+
+    def give(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        nonlocal taken
+        k, taken = taken, taken + 1
+        if k < len(buffers) and block.varying_outputs[k] and len(shape) >= 2 and shape[0] * shape[1] == count:
+            if buffers[k] is None:
+                buffers[k] = alloc((rows, *shape[2:]), dtype)
+            if buffers[k].shape[1:] == tuple(shape[2:]) and buffers[k].dtype == dtype:
+                return buffers[k][at:at + count].view(shape)
+        return alloc(shape, dtype)
+    return give
+
+
+def _buffer(buffer, rows: int, t: torch.Tensor, alloc) -> torch.Tensor:
+    """`buffer` if it holds rows shaped as a bucket's output `t` (lanes, width, ...), else a new one."""
+    if buffer is not None and buffer.shape[1:] == t.shape[2:] and buffer.dtype == t.dtype:
+        return buffer
+    return alloc((rows, *t.shape[2:]), t.dtype)
+
+
+def _padded_rows(value, v, sym: Sym, layout: RowLayout, plan: Buckets, alloc) -> torch.Tensor | None:
+    """Every bucket's padded rows of a packed lane value of `layout` whose first dim is `sym`
+    (its only one), gathered at once; None for any other value (`_padded`, bucket by bucket)."""
     shape = v.type.shape
-    if isinstance(value, Packed) and value.layout.same(layout) and shape and shape[0] == sym and sym not in shape[1:]:
-        index = layout.pad_index_of(lanes, width)
-        return value.packed.index_select(0, index).view(len(lanes), width, *value.packed.shape[1:])
+    if not (isinstance(value, Packed) and value.layout.same(layout) and shape and shape[0] == sym
+            and sym not in shape[1:]):
+        return None
+    packed = value.packed
+    return torch.index_select(packed, 0, plan.gather, out=alloc((plan.rows, *packed.shape[1:]), packed.dtype))
+
+
+def _padded(value, v, sym: Sym, lanes: torch.Tensor, width: int, count: int) -> torch.Tensor:
+    """Lanes `lanes` of a lane value, its dims of size `sym` cut to `width`."""
     t = rows(value, count).index_select(0, lanes)
-    for d, size in enumerate(shape):
+    for d, size in enumerate(v.type.shape):
         if size == sym:
             t = t.narrow(d + 1, 0, width)
     return t

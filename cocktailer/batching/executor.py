@@ -354,11 +354,11 @@ class BatchedExecutor:
         if sym is None or SIZES not in env:
             return False
         layout = self._layout(env, sym, count)
-        groups = buckets(layout)
-        if groups is None:
+        plan = buckets(layout)
+        if plan is None:
             return False
-        run_bucketed(block, env, count, sym, layout, groups, self._block_output)
-        self.schedule.bucketed_calls += len(groups)
+        run_bucketed(block, env, count, sym, layout, plan, self._block_output)
+        self.schedule.bucketed_calls += len(plan)
         return True
 
     def _layout(self, env: dict, sym: Sym, count: int) -> RowLayout:
