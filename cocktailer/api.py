@@ -315,7 +315,7 @@ class CompiledFunction:
             raise InternalError(e, program.main.loc) from e
 
     def __call__(self, *args, **kwargs):
-        if self._needs_grad(args, kwargs):
+        if self._needs_grad((args, kwargs)):
             return self._eager(args, kwargs, GradFallbackWarning,
                                "cocktailer compiles inference only: this call needs gradients (grad mode is on and "
                                "an input or parameter requires grad), so it runs eagerly. Call the compiled model "
@@ -424,12 +424,13 @@ class CompiledFunction:
             _warn_once(notice)
         return executable
 
-    def _needs_grad(self, args, kwargs) -> bool:
+    def _needs_grad(self, *calls: tuple) -> bool:
+        """Whether grad mode is on and a parameter, or a tensor of any of the calls' (args,
+        kwargs), requires grad (parameters looked at once, however many calls)."""
         if not torch.is_grad_enabled():
             return False
-        leaves, _ = pytree.flatten((args, kwargs))
-        return any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves) or \
-            any(p.requires_grad for p in self.parameters)
+        return any(p.requires_grad for p in self.parameters) or \
+            any(isinstance(x, torch.Tensor) and x.requires_grad for call in calls for x in pytree.flatten(call)[0])
 
 
 _warned: set[str] = set()

@@ -69,7 +69,7 @@ class BatchedFunction:
 
     def __call__(self, instances: Sequence) -> list:
         instances = [self._bound(i, args) for i, args in enumerate(instances)]
-        if any(self.single._needs_grad(args, kwargs) for args, kwargs, _, _ in instances):
+        if self.single._needs_grad(*[(args, kwargs) for args, kwargs, _, _ in instances]):
             warnings.warn("cocktailer compiles inference only: gradients are on, so the instances run eagerly one "
                           "after another", GradFallbackWarning, stacklevel=2)
             return [self.fn(*args, **kwargs) for args, kwargs, _, _ in instances]
