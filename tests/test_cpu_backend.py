@@ -316,6 +316,19 @@ def test_a_program_called_now_and_then_is_not_tried_on_fewer_workers_at_every_pr
     assert tried <= 1                        # 40 calls of 10 ms: 0.4 s of its time, 20 x 20 ms
 
 
+def test_a_preemption_that_did_not_slow_the_call_starts_no_contention():
+    """A call on all workers that the OS preempted for a moment, no slower than 1.5 times the
+    quiet calls of late, keeps all workers (Berxit's blocks tried one worker at 8% of their
+    calls, twice as slow each time); one that was slowed starts the contention."""
+    workers = _warm(2)
+    for seconds in (0.010, 0.011, 0.010):
+        workers.report(2, 0, seconds)
+    workers.report(2, 1, 0.014)
+    assert workers.choose() == 2 and not workers.contended
+    workers.report(2, 1, 0.016)
+    assert workers.contended and workers.choose() == 1
+
+
 def test_a_try_that_beats_the_count_that_runs_wins_over_its_own_older_samples():
     """All workers were slow while child processes started (two contended calls at 100 ms),
     so one worker ran (89 ms). Once they are idle, a try of all workers at 49 ms wins, though

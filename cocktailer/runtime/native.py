@@ -140,6 +140,14 @@ class Workers:
     ms batch) would otherwise be tried on fewer workers after nearly every preemption, and
     Berxit ran 17% of its blocks on one worker, each twice as slow, none of them faster.
 
+    A preempted call on all workers that took no longer than SLOWED times its quiet calls
+    lately (the median of the last three) starts no contention: the OS took a worker off its
+    core for a moment and gave it back (a kernel thread, a peer's spinning thread), and trying
+    half the workers costs up to a call's time again. Berxit's blocks, interleaved with other
+    systems in the benchmark, met such a preemption at 5% of their calls and ran 8% of them on
+    one worker, each about twice as slow: 103 ms of native time a batch, against 92 ms with
+    both workers on every call (one run of each).
+
     A program's first call is no sample of either count: it pays once for what later calls
     find ready (scratch and weights touched for the first time). Taken as all workers' time,
     it made a batched TreeFC's level loop run its next 24 calls on one worker (101 ms cold on
@@ -147,12 +155,14 @@ class Workers:
 
     FIRST_WAIT, MAX_WAIT = 0.05, 30.0   # seconds before the slower count is tried again
     PROBE_COST = 20
+    SLOWED = 1.5   # a preempted call slower than this times the quiet ones starts a contention
 
     def __init__(self, most: int, adaptive: bool):
         self.most, self.fewer = most, max(1, most // 2)
         self.adaptive = adaptive and most > 1
         self.contended = False
         self.recent: dict[int, deque] = {}   # worker count -> seconds of its last contended calls
+        self.quiet: deque = deque(maxlen=3)  # seconds of the last calls on all workers nothing preempted
         self.wait, self.retry_at = self.FIRST_WAIT, 0.0
         self.spent = 0.0   # seconds of every call reported: the clock the waits are counted on
         self.cold = True   # no call reported yet
@@ -175,6 +185,7 @@ class Workers:
             return
         self.spent += seconds
         if used == self.most and not preempted:
+            self.quiet.append(seconds)
             if self.contended:   # over: under the next contention, all workers start from this call
                 self.contended = False
                 self.recent[used] = deque([seconds], maxlen=3)
@@ -182,6 +193,8 @@ class Workers:
                 self.wait = max(self.FIRST_WAIT, self.PROBE_COST * statistics.median(fewer) if fewer else 0.0)
                 self.retry_at = self.spent + self.wait
             return
+        if not self.contended and self.quiet and seconds <= self.SLOWED * statistics.median(self.quiet):
+            return   # preempted for a moment: no slower than quiet calls
         self.contended = True
         best_before = self._best() if self.recent else used
         if used != best_before and seconds < statistics.median(self.recent[best_before]):
