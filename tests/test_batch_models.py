@@ -136,9 +136,9 @@ def test_berxit_attention_runs_in_buckets_of_similar_lengths():
 
 def test_an_encoder_layer_is_one_packed_block_before_attention_and_one_after():
     """Berxit's query, key and value Linears, each followed by its split into heads (a size
-    read, a view, a transpose), make one packed block, not three; the output projection, both
-    LayerNorms and the FFN another: with attention and the exit head, four native calls a
-    layer. Every result is eager's."""
+    read, a view, a transpose), make one packed block, not three, and the splits go to the
+    attention block; the output projection, both LayerNorms and the FFN make another: with
+    attention and the exit head, four native calls a layer. Every result is eager's."""
     from cocktailer.batching.blocks import Block
     model, _ = INSTANCES["berxit"](1, size="small", seed=0)
     model.threshold = 2.0
@@ -149,6 +149,10 @@ def test_an_encoder_layer_is_one_packed_block_before_attention_and_one_after():
     assert len(blocks) == 4 * len(model.layers)
     products = [sum(op.op.name == "MATMUL" for op in b.ops) for b in blocks if b.packed is not None]
     assert products == [3, 3] * len(model.layers)   # (query, key, value), (out, ff1, ff2)
+    # the splits into heads are views the attention block reads, not copies the first block makes
+    for before, attention in zip(blocks[0::4], blocks[1::4]):
+        assert "RESHAPE" not in {op.op.name for op in before.ops}
+        assert sum(op.op.name == "RESHAPE" for op in attention.ops) == 3 and attention.masks
 
 
 def test_buckets_split_lanes_of_very_different_sizes_only():

@@ -99,7 +99,7 @@ def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragg
     out, run, made = [], [], set()
 
     def close():
-        for sym, ops in (_by_layout(run, varying, ragged) if packed and run else [(None, run)]):
+        for sym, ops in (_by_layout(run, varying, ragged, users) if packed and run else [(None, run)]):
             if len(ops) >= 2:
                 out.append(_block(list(ops), varying, users, producers, ragged, sym))
             else:
@@ -131,13 +131,14 @@ def _maskable(op: Operation, varying: set[int], ragged) -> bool:
 _ANY = object()   # the layout of a part that holds only ops reading nothing lane-varying, so far
 
 
-def _by_layout(run: list[Operation], varying: set[int], ragged: set) -> list[tuple]:
+def _by_layout(run: list[Operation], varying: set[int], ragged: set, users: dict[int, set[int]]) -> list[tuple]:
     """The run cut into parts of ops that are row-wise along one ragged size (packed) and of
     the others: (that size or None, ops). IR ops are pure, so an op goes to the first part of
     its layout after the parts that compute its operands, wherever it lies in the run: the
     query, key and value Linears of attention, each followed by its split into heads (a
     permute, not row-wise), make one packed part, not three parts between padded ones. An op
-    that reads nothing lane-varying (a weight's transpose) joins the first part it may."""
+    that reads nothing lane-varying (a weight's transpose) joins the first part it may; a
+    reshape goes to the part that reads it (`_views_to_readers`)."""
     parts: list[list] = []            # [layout, ops]
     part_of: dict[int, int] = {}      # value id -> the part computing it
     for op in run:
@@ -156,7 +157,29 @@ def _by_layout(run: list[Operation], varying: set[int], ragged: set) -> list[tup
             parts[at][0] = sym
         parts[at][1].append(op)
         part_of.update((r.id, at) for r in op.results)
+    _views_to_readers(parts, users)
     return _joined([(None if sym is _ANY else sym, ops) for sym, ops in parts])
+
+
+def _views_to_readers(parts: list[list], users: dict[int, set[int]]):
+    """Move each reshape of a packed part whose only readers are in one later padded part to
+    the front of that part. A native program's values are buffers of their own, so a reshape
+    that a block gives out is a copy (attention's query, key and value split into heads: three
+    copies of every token's row); in the padded block that reads it, it is a view its product
+    reads in place (`passes.views`)."""
+    where = {id(op): k for k, (_, ops) in enumerate(parts) for op in ops}
+    for k, (sym, ops) in enumerate(parts):
+        if sym is None or sym is _ANY:
+            continue
+        for op in [op for op in ops if op.op is Op.RESHAPE]:
+            readers = {where.get(user) for user in users.get(op.results[0].id, ())}
+            if len(readers) != 1:
+                continue
+            (to,) = readers
+            if to is not None and to > k and parts[to][0] is None:
+                ops.remove(op)
+                parts[to][1].insert(0, op)
+                where[id(op)] = to
 
 
 def _joined(parts: list[tuple]) -> list[tuple]:
