@@ -568,6 +568,10 @@ _VIEW_PRODUCTS = {   # (function, argument shapes of two calls: the second at ot
     "A transposed (not read in place)": (lambda a, b: a.t() @ b, [[(24, 30), (24, 40)], [(24, 12), (24, 20)]]),
     "narrow product": (lambda a, b: a @ b.t(), [[(30, 16), (8, 16)], [(12, 16), (8, 16)]]),
     "view read twice": (lambda a, b: (a @ b.t(), b.t() + 1), [[(20, 16), (24, 16)], [(7, 16), (24, 16)]]),
+    "A reshaped, one B": (lambda a, b: torch.tanh(a).reshape(a.shape[0], -1) @ b,
+                          [[(30, 4, 8), (32, 24)], [(5, 4, 8), (32, 24)]]),
+    "A reshaped to 3 dims, one B": (lambda a, b: torch.tanh(a).reshape(a.shape[0], 2, 16) @ b,
+                                    [[(30, 4, 8), (16, 24)], [(3, 4, 8), (16, 24)]]),
 }
 
 
@@ -612,6 +616,21 @@ def test_attention_reads_its_heads_without_copying_them():
     # the captured program, which the reference and explain read, keeps them
     captured = list(cocktailer.capture(_heads_attention, args).walk())
     assert sum(op.op is Op.PERMUTE for op in captured) >= 5
+
+
+def test_heads_joined_again_are_read_in_place_by_the_projection_after_them():
+    """Attention's output, its heads joined again by a reshape, times the output projection's
+    weight: a reshape alone leaves the buffer as it lies, so the product reads it in place."""
+    def joined(y, w):
+        return torch.tanh(y).reshape(y.shape[0], -1) @ w
+
+    args = [torch.randn(40, 4, 32), torch.randn(128, 64)]
+    fast = cocktailer.compile(joined, example_inputs=args, backend="cpu")
+    fast(*args)
+    ops = _native_ops(fast)
+    assert not any(op.op is Op.RESHAPE for op in ops)
+    (product,) = [op for op in ops if op.op is Op.MATMUL]
+    assert [k for k, _, _ in product.attrs["views"]] == [0]
 
 
 def test_a_view_stays_where_a_write_in_place_could_come_between():

@@ -56,13 +56,17 @@ def _view_strides(view: tuple, size) -> list:
 def reads_in_place(op: Operation, k: int, shape: tuple, dims: tuple) -> bool:
     """Whether the packed GEMM can read operand k as the view (shape, dims) of its buffer: the
     product takes that path, A's columns and B's columns or rows are contiguous, and a viewed A
-    keeps its batch apart from its rows (B batched too, at the same batch shape)."""
+    keeps its batch apart from its rows (B batched too, at the same batch shape), or is only
+    reshaped and times one matrix (its rows, folded, lie as a contiguous A's would: the heads
+    of attention's output joined again before the output projection)."""
     last = len(shape) - 1
     logical = tuple(shape[d] for d in dims)
     other = logical_shape(op, 1 - k)
     if len(logical) < 2 or len(other) < 2 or op.results[0].type.dtype is not torch.float32:
         return False
-    if k == 0 and (dims[-1] != last or other[:-2] != logical[:-2] or len(other) < 3):
+    reshaped = dims == tuple(range(len(shape)))   # a reshape alone: the buffer as it lies, rows K apart
+    if k == 0 and not (reshaped and len(other) == 2) and \
+            (dims[-1] != last or other[:-2] != logical[:-2] or len(other) < 3):
         return False
     if k == 1 and (last not in (dims[-1], dims[-2]) or other[:-2] not in ((), logical[:-2])):
         return False
