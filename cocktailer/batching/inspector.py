@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from cocktailer.backend.batched import build_inspector
@@ -90,26 +91,32 @@ class CallTree:
         """The same calls numbered level by level (height 0 first; within a level by the arms
         they take, where known), so that a group of calls is a range of ids and its roots,
         arguments and results are slices, not gathers; the groups as (start, end, path); and
-        where the `count` outer lanes' calls (ids 0..count-1 here) went."""
-        order = torch.arange(self.calls)
-        if self.path is not None:
-            order = torch.argsort(self.path, stable=True)
-        order = order.index_select(0, torch.argsort(self.height.index_select(0, order), stable=True))
-        position = torch.empty_like(order)
-        position[order] = torch.arange(self.calls)
+        where the `count` outer lanes' calls (ids 0..count-1 here) went. The id arithmetic is
+        numpy's: on a batch's few thousand calls, twenty torch ops cost more in their overhead
+        than in the work (at batch 64, DRNN 256: 0.30 ms of a 2.5 ms call, 0.19 in numpy; RAE
+        256: 0.52 ms, 0.32)."""
+        height = self.height.numpy()
+        path = None if self.path is None else self.path.numpy()
+        order = np.argsort(height, kind="stable") if path is None else np.lexsort((path, height))
+        position = np.empty_like(order)
+        position[order] = np.arange(self.calls)
+        index = torch.from_numpy(order)
 
         def moved(ids: torch.Tensor) -> torch.Tensor:   # (-1: not reached, stays)
-            return torch.where(ids < 0, ids, position.index_select(0, ids.clamp(min=0)))
-        tree = CallTree(self.calls, self.root.index_select(0, order),
-                        {j: a.index_select(0, order) for j, a in self.arguments.items()},
-                        {s: moved(c.index_select(0, order)) for s, c in self.children.items()},
-                        self.height.index_select(0, order),
-                        None if self.path is None else self.path.index_select(0, order))
-        key = torch.stack([tree.height, tree.path if tree.path is not None else tree.height])
-        ends = (torch.nonzero((key[:, 1:] != key[:, :-1]).any(0)).flatten() + 1).tolist() + [self.calls]
+            ids = ids.numpy()[order]
+            return torch.from_numpy(np.where(ids < 0, ids, position[np.maximum(ids, 0)]))
+        height, path = height[order], None if path is None else path[order]
+        tree = CallTree(self.calls, self.root.index_select(0, index),
+                        {j: a.index_select(0, index) for j, a in self.arguments.items()},
+                        {s: moved(c) for s, c in self.children.items()},
+                        torch.from_numpy(height), None if path is None else torch.from_numpy(path))
+        changed = height[1:] != height[:-1]
+        if path is not None:
+            changed |= path[1:] != path[:-1]
+        ends = (np.flatnonzero(changed) + 1).tolist() + [self.calls]
         starts = [0, *ends[:-1]]
-        paths = [None] * len(starts) if tree.path is None else tree.path[starts].tolist()
-        return tree, list(zip(starts, ends, paths)), position[:count]
+        paths = [None] * len(starts) if path is None else path[starts].tolist()
+        return tree, list(zip(starts, ends, paths)), torch.from_numpy(position[:count])
 
     def frame(self, plan: LevelPlan, args: list, start: int, end: int, hidden: dict, take_lanes) -> dict:
         """The env of the calls start..end-1 (one level, once numbered `by_height`)."""
