@@ -1571,3 +1571,26 @@ def test_a_blocks_output_is_not_written_by_an_update_of_its_copy():
     update wrote `soft`'s own rows (every lane's row 1 came out zero)."""
     torch.manual_seed(0)
     assert_batch_matches(ReturnedAndUpdatedCopy().eval(), [(randn(n, 6, seed=n),) for n in (8, 2, 5, 9)])
+
+
+def test_a_call_tree_is_numbered_by_height_then_by_arms():
+    """Calls renumbered level by level (height 0 first), within a level by the arms they take,
+    else in their order: every group a range of ids; each child id, and each outer lane's
+    call, follows its call to its new number (-1, a site not reached, stays)."""
+    from cocktailer.batching.inspector import CallTree
+    height = torch.tensor([2, 0, 1, 0, 0, 1])
+    path = torch.tensor([0, 1, 0, 0, 1, 2])
+    root = torch.tensor([0, 0, 0, 1, 1, 1])
+    children = {0: torch.tensor([2, -1, 1, -1, -1, 3])}
+    arguments = {0: torch.arange(6.0)[:, None].expand(6, 2)}
+    tree, groups, outer = CallTree(6, root, arguments, children, height, path).by_height(2)
+    order = [3, 1, 4, 2, 5, 0]   # height 0 (arms 0, 1, 1), height 1 (arms 0, 2), height 2
+    assert tree.height.tolist() == [0, 0, 0, 1, 1, 2] and tree.path.tolist() == [0, 1, 1, 0, 2, 0]
+    assert tree.root.tolist() == [root[k].item() for k in order]
+    assert tree.arguments[0][:, 0].tolist() == [float(k) for k in order]
+    new = {old: at for at, old in enumerate(order)}
+    assert tree.children[0].tolist() == [-1 if c < 0 else new[c] for c in children[0][order].tolist()]
+    assert groups == [(0, 1, 0), (1, 3, 1), (3, 4, 0), (4, 5, 2), (5, 6, 0)]
+    assert outer.tolist() == [new[0], new[1]]
+    unarmed, groups, _ = CallTree(6, root, arguments, children, height).by_height(2)
+    assert unarmed.path is None and groups == [(0, 3, None), (3, 5, None), (5, 6, None)]
