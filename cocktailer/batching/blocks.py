@@ -93,9 +93,10 @@ def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragg
     index runs in the executor, and one that must mask padding too unless `masks`);
     `producers`: the op defining each value; `packed`: row-wise runs compute on packed rows.
 
-    IR ops are pure: a data op that is not batchable and reads nothing the run computes (a
+    IR ops are pure: a size read or a literal that reads nothing the run computes (a
     sentence's length for a `view`, between the query's and the key's Linear) runs before the
-    run instead of ending it."""
+    run instead of ending it. (Such ops cannot fail: no error moves ahead of one the run
+    would have raised first.)"""
     out, run, made = [], [], set()
 
     def close():
@@ -111,13 +112,16 @@ def segments(region: Region, varying: set[int], users: dict[int, set[int]], ragg
         if _batchable(op, varying) and (not needs_lane_sizes(op, ragged) or masks and _maskable(op, varying, ragged)):
             run.append(op)
             made.update(r.id for r in op.results)
-        elif op.op not in CONTROL and not any(v.id in made for v in op.operands):
+        elif op.op in _SIZES_AND_LITERALS and not any(v.id in made for v in op.operands):
             out.append(op)
         else:
             close()
             out.append(op)
     close()
     return out
+
+
+_SIZES_AND_LITERALS = (Op.DIM, Op.SCALAR, Op.CONST)
 
 
 def _maskable(op: Operation, varying: set[int], ragged) -> bool:

@@ -130,8 +130,9 @@ def run_bucketed(block: Block, env: dict, count: int, sym: Sym, layout: RowLayou
         for k, (lane, t) in enumerate(zip(block.varying_outputs, outs)):
             if not lane:   # the same in every bucket
                 shared[k] = t
-            elif buffers[k] is None or t.data_ptr() != buffers[k][at].data_ptr():
-                buffers[k] = _buffer(buffers[k], plan.rows, t, alloc)
+            elif buffers[k] is None or t.data_ptr() != buffers[k][at].data_ptr():   # (memory of its own)
+                if buffers[k] is None:
+                    buffers[k] = alloc((plan.rows, *t.shape[2:]), t.dtype)
                 buffers[k][at:at + n * w].view(t.shape).copy_(t)
     for k, (v, lane) in enumerate(zip(block.outputs, block.varying_outputs)):
         if lane:
@@ -157,13 +158,6 @@ def _into_buffers(block: Block, buffers: list, at: int, count: int, rows: int, a
                 return buffers[k][at:at + count].view(shape)
         return alloc(shape, dtype)
     return give
-
-
-def _buffer(buffer, rows: int, t: torch.Tensor, alloc) -> torch.Tensor:
-    """`buffer` if it holds rows shaped as a bucket's output `t` (lanes, width, ...), else a new one."""
-    if buffer is not None and buffer.shape[1:] == t.shape[2:] and buffer.dtype == t.dtype:
-        return buffer
-    return alloc((rows, *t.shape[2:]), t.dtype)
 
 
 def _padded_rows(value, v, sym: Sym, layout: RowLayout, plan: Buckets, alloc) -> torch.Tensor | None:

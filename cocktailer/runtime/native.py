@@ -144,9 +144,10 @@ class Workers:
     lately (the median of the last three) starts no contention: the OS took a worker off its
     core for a moment and gave it back (a kernel thread, a peer's spinning thread), and trying
     half the workers costs up to a call's time again. Berxit's blocks, interleaved with other
-    systems in the benchmark, met such a preemption at 5% of their calls and ran 8% of them on
-    one worker, each about twice as slow: 103 ms of native time a batch, against 92 ms with
-    both workers on every call (one run of each).
+    systems in the benchmark, were preempted at 5% of their calls and ran 8% of them on one
+    worker, each about twice as slow: 103 ms of native time a batch, against 92 ms with both
+    workers on every call (one run of each). With this rule 3-9% still did in later runs: some
+    preemptions do slow a call down.
 
     A program's first call is no sample of either count: it pays once for what later calls
     find ready (scratch and weights touched for the first time). Taken as all workers' time,
