@@ -52,7 +52,7 @@ class Buckets:
     lanes `lanes[b]` (sorted by size) at width `widths[b]`, as rows `starts[b]` .. of one
     buffer of `rows` padded rows (lane after lane, `widths[b]` rows each)."""
     lanes: list[torch.Tensor]
-    sizes: list[np.ndarray]   # the bucket's lanes' own sizes
+    sizes: list[torch.Tensor]   # the bucket's lanes' own sizes
     widths: list[int]
     starts: list[int]
     rows: int
@@ -95,15 +95,14 @@ def _placed(layout: RowLayout, lengths: np.ndarray, order: np.ndarray, bounds: l
         group = order[lo:hi]
         own = lengths[group]
         w = max(int(own.max()), 1)
-        last = np.maximum(own - 1, 0)
-        gathers.append((offsets[group][:, None] + np.minimum(np.arange(w)[None, :], last[:, None])).ravel())
+        gathers.append(layout.pad_index_of(group, w))
         first_row[group] = start + np.arange(len(group)) * w
         lanes.append(torch.from_numpy(group))
-        sizes.append(own)
+        sizes.append(torch.from_numpy(own))
         widths.append(w)
         starts.append(start)
         start += len(group) * w
-    gather = np.minimum(np.concatenate(gathers), layout.total - 1)
+    gather = np.concatenate(gathers)
     scatter = np.repeat(first_row - offsets, lengths) + np.arange(layout.total)
     return Buckets(lanes, sizes, widths, starts, start, torch.from_numpy(gather), torch.from_numpy(scatter))
 
@@ -124,8 +123,7 @@ def run_bucketed(block: Block, env: dict, count: int, sym: Sym, layout: RowLayou
                   rows_[at:at + n * w].view(n, w, *rows_.shape[1:]) if rows_ is not None else
                   _padded(env[v.id], v, sym, lanes, w, count)
                   for v, lane, rows_ in zip(block.inputs, block.varying_inputs, whole)]
-        lengths = torch.from_numpy(plan.sizes[b])
-        masks = [lane_mask(lengths, w, rank, dim) for _, rank, dim in block.masks]
+        masks = [lane_mask(plan.sizes[b], w, rank, dim) for _, rank, dim in block.masks]
         outs = block.compiled(inputs + masks, _into_buffers(block, buffers, at, n * w, plan.rows, alloc))
         for k, (lane, t) in enumerate(zip(block.varying_outputs, outs)):
             if not lane:   # the same in every bucket

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import torch
 
 from cocktailer.ir import ELEMENTWISE, SEMANTICS, Op, Operation
@@ -96,19 +97,21 @@ class RowLayout:
     def pad_index(self) -> torch.Tensor:
         """Each padded position's packed row (`pad_index_of` every lane at the width)."""
         if self._pad_index is None:
-            self._pad_index = self.pad_index_of(None, self.width)
+            self._pad_index = torch.from_numpy(self.pad_index_of(None, self.width))
         return self._pad_index
 
-    def pad_index_of(self, lanes: torch.Tensor | None, width: int) -> torch.Tensor:
+    def pad_index_of(self, lanes: np.ndarray | None, width: int) -> np.ndarray:
         """Each position's packed row, for `lanes` (all where None) padded to `width`: a lane's
         own, its last one repeated past its size (padding holds values the program has, as the
         stacked inputs' does: no division by a zero nobody wrote), and a lane without rows
-        reads row 0."""
-        offsets, lengths = (self.offsets, self.lengths) if lanes is None else (self.offsets[lanes], self.lengths[lanes])
-        j = torch.arange(width, device=lengths.device)
-        last = (lengths - 1).clamp(min=0)
-        index = (offsets[:, None] + torch.minimum(j[None, :], last[:, None])).flatten()
-        return index.clamp_(max=max(self.total - 1, 0))
+        reads row 0. In numpy: a few dozen lanes' index arithmetic costs more in torch ops'
+        overhead than in work."""
+        offsets, lengths = self.offsets.numpy(), self.lengths.numpy()
+        if lanes is not None:
+            offsets, lengths = offsets[lanes], lengths[lanes]
+        last = np.maximum(lengths - 1, 0)
+        index = offsets[:, None] + np.minimum(np.arange(width)[None, :], last[:, None])
+        return np.minimum(index.ravel(), max(self.total - 1, 0))
 
     def pack(self, padded: torch.Tensor) -> torch.Tensor:
         """Rows (lanes, width, ...) of a padded value -> its packed rows (total, ...)."""
