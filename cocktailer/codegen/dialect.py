@@ -10,11 +10,20 @@ What a dialect supplies:
   `CT_ADD_FETCH` (acquire-release), `CT_PAUSE`, `CT_YIELD`);
 - where state shared by all workers lives (the barriers, the step array);
 - how a worker reports that the OS preempted it (another process wanted its core): the
-  runtime then picks each call's worker count by what has been faster (runtime.native.Workers).
+  runtime then picks each call's worker count by what has been faster (runtime.native.Workers);
+- whether a worker is several lanes that each run its copy of the control flow (a CUDA block's
+  threads): then each kernel's share of a worker is split again over its lanes (`share`), every
+  kernel call ends with a barrier of the worker's lanes (`every`), a grid barrier or a step is
+  taken by one lane for all (`lead`), and the entry is a kernel plus a host function that
+  launches it (`launched`).
+
+The CPU dialect's lanes are its SIMD loops, inside one thread; the CUDA one's (`cuda(threads)`)
+are threads, and everything CUDA-specific is spelled in one header, `ct_cuda.h`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from importlib import resources
 
 
 @dataclass(frozen=True)
@@ -30,10 +39,27 @@ class Dialect:
     barrier: str                    # all workers of the team wait here
     simd_pragma: str                # marks a loop whose iterations are L0 lanes
     preemptions: tuple[str, str]    # each worker, entering and leaving: adds to err[1] how often it was preempted
+    kernel_prefix: str = "__attribute__((noinline)) static"   # qualifiers of an operator's function
+    share: tuple[str, str] = ("{w}", "{W}")   # a worker's share (w of W) as its lane's sub-share
+    every: str = "{}"               # every lane evaluates an expression; true where it was on any lane
+    lead: str = "{}"                # one lane evaluates it for the worker (a grid barrier's atomics)
+    state_index: str = "ct_gw"      # whose copy of the control flow's state (loop counters, frames' slots)
+    threads: int = 1                # lanes per worker that each run the control flow (CUDA threads)
+    launched: bool = False          # the entry is a kernel (`<entry>_kernel`) and a host function launching it
+    engine: bool = True             # the kernels may use the GEMM engine (KernelContext.engine)
 
     def simd(self, *reductions: str) -> str:
         """The annotation of a vector loop, with reductions such as "+:acc"."""
+        if not self.simd_pragma:
+            return ""
         return " ".join([self.simd_pragma, *(f"reduction({r})" for r in reductions)])
+
+    def shares(self, w: str, W: str) -> tuple[str, str]:
+        return self.share[0].format(w=w), self.share[1].format(W=W)
+
+    def by_lead(self, statement: str) -> str:
+        """A C statement (an expression without value) one lane takes for its worker."""
+        return f"{statement};" if self.lead == "{}" else f"(void){self.lead.format(f'({statement}, 0)')};"
 
     def atomic_store(self, dst: str, value) -> str:
         """A store other workers may read while it happens (an error code)."""
@@ -52,6 +78,8 @@ _GNU_ATOMICS = r"""
 #define CT_PAUSE() ((void)0)
 #endif
 #define CT_YIELD() sched_yield()
+#define CT_FN static inline   /* a helper (on CUDA, a device function) */
+#define CT_OUTLINED static inline   /* the same (on CUDA, one the kernel calls: see ct_cuda.h) */
 /* How often the OS has taken this thread off its core for another (involuntary switches). */
 static inline long ct_switches(void) {
   struct rusage u;
@@ -76,6 +104,35 @@ CPU = Dialect(
                  "if (nw > 1) CT_ADD_FETCH(&err[1], (int64_t)(ct_switches() - ct_switches0));"),
 )
 
+
+def cuda(threads: int = 32) -> Dialect:
+    """The CUDA dialect for blocks of `threads` threads: one block per worker (vEU), the program
+    one persistent kernel launched cooperatively (`ct_cuda.h`'s `ct_launch`)."""
+    return replace(_CUDA, threads=threads)
+
+
+_CUDA = Dialect(
+    name="cuda",
+    defines=(),
+    headers=(),
+    primitives=resources.files("cocktailer.codegen").joinpath("ct_cuda.h").read_text(),
+    function_prefix="",
+    shared_decls="ct_barrier_t* ct_bars = (ct_barrier_t*)ct_a.bars; int64_t* ct_steps = ct_a.steps;",
+    parallel_begin="",
+    worker_ids="const int ct_gw = CT_BLOCK; int w = ct_gw, W = CT_BLOCKS; "
+               "const int64_t ct_gt = (int64_t)ct_gw * CT_LANES + CT_LANE;",
+    barrier="if (CT_LEAD(ct_wait(ct_team, W, err))) goto ct_fail;",
+    simd_pragma="",
+    preemptions=("", ""),   # a GPU's blocks are not preempted by other processes
+    kernel_prefix="CT_DEVICE CT_NOINLINE static",
+    share=("CT_SUB({w})", "CT_SUBS({W})"),
+    every="CT_EVERY({})",
+    lead="CT_LEAD({})",
+    state_index="ct_gt",
+    launched=True,
+    engine=False,
+)
+
 # Synchronization and copies every target shares, written with the dialect's primitives.
 SYNC_C = r"""
 /* A team's barrier: an arrival counter and a generation, on a cache line of its own. A waiter
@@ -87,7 +144,7 @@ SYNC_C = r"""
    ct_join is the barrier after a fan-out. */
 typedef struct { int64_t count; int64_t gen; char pad[48]; } ct_barrier_t;
 enum { CT_MAX_NEST = 8, CT_SLOTS = 8 };
-static inline int ct_wait(ct_barrier_t* b, int W, const int64_t* err) {
+CT_OUTLINED int ct_wait(ct_barrier_t* b, int W, const int64_t* err) {
   if (W == 1) return 0;
   const int64_t gen = CT_LOAD_ACQUIRE(&b->gen);
   if (CT_ADD_FETCH(&b->count, 1) == W) {
@@ -101,13 +158,13 @@ static inline int ct_wait(ct_barrier_t* b, int W, const int64_t* err) {
   }
   return 0;
 }
-static inline int ct_join(ct_barrier_t* b, int W, const int64_t* err) { return ct_wait(b, W, err); }
+CT_FN int ct_join(ct_barrier_t* b, int W, const int64_t* err) { return ct_wait(b, W, err); }
 /* Rammer's fine-grained barrier-rTask: every worker publishes how many steps (fine-grained
    barriers) it has passed in the step array, one cache line per worker; a worker that depends
    on worker p waits until p has passed the same step. Every worker passes the same steps in
    the same order (each runs its own copy of the control flow), so the counts agree. */
 enum { CT_STEP_STRIDE = 8 };
-static inline int ct_await(const int64_t* steps, int p, int64_t step, const int64_t* err) {
+CT_OUTLINED int ct_await(const int64_t* steps, int p, int64_t step, const int64_t* err) {
   for (int spins = 0; CT_LOAD_ACQUIRE(&steps[p * CT_STEP_STRIDE]) < step; ++spins) {
     if (CT_LOAD_RELAXED(err)) return 1;
     if (spins < 4096) CT_PAUSE(); else CT_YIELD();
@@ -115,7 +172,7 @@ static inline int ct_await(const int64_t* steps, int p, int64_t step, const int6
   return 0;
 }
 /* every worker copies its share of n bytes */
-static inline void ct_copy(char* restrict dst, const char* restrict src, int64_t n, int w, int W) {
+CT_OUTLINED void ct_copy(char* restrict dst, const char* restrict src, int64_t n, int w, int W) {
   if (dst == src) return;
   if (n < 4096) { if (w == 0) memcpy(dst, src, (size_t)n); return; }
   int64_t chunk = (n + W - 1) / W, begin = chunk * w, end = begin + chunk < n ? begin + chunk : n;

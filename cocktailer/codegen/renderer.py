@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from cocktailer.codegen.dialect import CPU, Dialect, preamble
-from cocktailer.codegen.kernels import KERNELS, PRELUDE, KernelContext, ctype
+from cocktailer.codegen.kernels import KERNELS, PORTABLE_PRELUDE, PRELUDE, KernelContext, ctype
 from cocktailer.codegen.kernels.common import product
 from cocktailer.errors import INTERRUPTED, ITERATIONS_EXCEEDED
 from cocktailer.ir import Op, Operation, Program, Sym, SymbolicSizeError, Value
@@ -155,7 +155,7 @@ class Renderer:
         names = iter(range(1 << 30))
         ctx = KernelContext(ptr=param, worker="w", workers="W", fail=self.fail,
                             fresh=lambda prefix: f"{prefix}_{next(names)}", prepacked=prepacked, simd=self.d.simd,
-                            size=self.size)
+                            size=self.size, engine=self.d.engine)
         body = KERNELS[op.op](op, ctx)
         function = self.kernels.get(body)
         if function is None:
@@ -165,19 +165,21 @@ class Renderer:
         loc = f" /* {op.op.name.lower()}{', ' + str(op.loc) if op.loc else ''} */"
         pointers = ", ".join(f"(char*){passed[key]}" for key in args) + (", " if args else "")
         if item.group is None:
-            self.emit(f"if ({function}({pointers}w, W, err)) goto ct_fail;{loc}")
+            call = "{}({}{}, {}, err)".format(function, pointers, *self.d.shares("w", "W"))
         else:   # only the op's group of workers runs it, each with its rank in the group
             lo, hi = item.group
-            self.emit(f"if (w >= {lo} && w < {hi} && {function}({pointers}w - {lo}, {hi - lo}, err)) goto ct_fail;{loc}")
+            call = "w >= {} && w < {} && {}({}{}, {}, err)".format(lo, hi, function, pointers,
+                                                                  *self.d.shares(f"w - {lo}", f"{hi - lo}"))
+        self.emit(f"if ({self.d.every.format(call)}) goto ct_fail;{loc}")
         self.signatures[function] = len(args)
 
     def sync(self, item: Sync):
         """Publish this worker's step, then wait for the workers it depends on to reach it."""
-        self.emit("ct_step++; CT_STORE_RELEASE(&ct_steps[ct_gw * CT_STEP_STRIDE], ct_step);")
+        self.emit("ct_step++; " + self.d.by_lead("CT_STORE_RELEASE(&ct_steps[ct_gw * CT_STEP_STRIDE], ct_step)"))
         cases = []
         for w, on in item.waits.items():
             waits = " || ".join(f"ct_await(ct_steps, {p}, ct_step, err)" for p in on)
-            cases.append(f"case {w}: if ({waits}) goto ct_fail; break;")
+            cases.append(f"case {w}: if ({self.d.lead.format(waits)}) goto ct_fail; break;")
         self.emit(f"switch (w) {{ {' '.join(cases)} default: break; }}")
 
     def _prepack(self, source: str, nr: int) -> int:
@@ -193,7 +195,7 @@ class Renderer:
         """Copy (dst, src, nbytes) triples, each worker its share, then a barrier."""
         for dst, src, n in pairs:
             if n != "0":
-                self.emit(f"ct_copy({dst}, {src}, {n}, w, W);")
+                self.emit("ct_copy({}, {}, {}, {}, {});".format(dst, src, n, *self.d.shares("w", "W")))
         self.emit(self.d.barrier)
 
     def moves(self, sources: list[Value], targets: list[Value], base_src=None, base_dst=None) -> list[tuple]:
@@ -252,7 +254,8 @@ class Renderer:
         sets the error code; the others leave at their next barrier, as for any error."""
         if iteration is not None:
             self.emit(f"if ({iteration} >= ct_max_iterations) {self.fail_here(ITERATIONS_EXCEEDED)}")
-        self.emit(f"if (CT_LOAD_RELAXED(ct_sigints) != ct_sigints0) {self.fail_here(INTERRUPTED)}")
+        interrupted = self.d.every.format("CT_LOAD_RELAXED(ct_sigints) != ct_sigints0")
+        self.emit(f"if ({interrupted}) {self.fail_here(INTERRUPTED)}")
 
     def stack_rows(self, op: Operation, step: str) -> list[tuple[str, str, int]]:
         """This iteration's stacked yields into row `step` of their stacked results."""
@@ -310,7 +313,7 @@ class Renderer:
             self.emit("}")
         self.emit("if (CT_S(sp, 7) > 1) {")
         self.emit("  w = (int)CT_S(sp, 2); W = (int)CT_S(sp, 3); ct_lead = (int)CT_S(sp, 4); ct_nest = (int)CT_S(sp, 5);")
-        self.emit("  CT_TEAM(); if (ct_join(ct_team, W, err)) goto ct_fail; }")
+        self.emit(f"  CT_TEAM(); if ({self.d.lead.format('ct_join(ct_team, W, err)')}) goto ct_fail; }}")
 
     def _resume(self, name: str) -> str:
         cases = " ".join(f"case {s}: goto site_{s};" for s in self.sites.get(name, []))
@@ -328,19 +331,27 @@ class Renderer:
         """The entry function alone (no headers or preludes; see `assemble`)."""
         plan, d = self.plan, self.d
         main = self.program.main
-        self.emit(f"{d.function_prefix}int64_t {self.entry}(void** in, void** out, void** cst, char* arena, "
-                  "char* stack_all, int64_t max_depth, int64_t* locals, int64_t* rets, int64_t* err, int nw) {")
+        if d.launched:   # the kernel; `entry` itself, on the host, launches it (see _launcher)
+            self.emit(f"CT_GLOBAL void {self.entry}_kernel(ct_args ct_a) {{")
+            self.emit("  void** in = ct_a.in; void** out = ct_a.out; void** cst = ct_a.cst; char* arena = ct_a.arena;")
+            self.emit("  char* stack_all = ct_a.stack_all; const int64_t max_depth = ct_a.max_depth; "
+                      "int64_t* locals = ct_a.locals;")
+            self.emit("  int64_t* rets = ct_a.rets; int64_t* err = ct_a.err;")
+        else:
+            self.emit(f"{d.function_prefix}int64_t {self.entry}(void** in, void** out, void** cst, char* arena, "
+                      "char* stack_all, int64_t max_depth, int64_t* locals, int64_t* rets, int64_t* err, int nw) {")
         if plan.frame_dynamic:   # values of symbolic sizes in frames: the frame's size is the call's
             self.emit(f"  enum {{ NLOC = {plan.locals_per_frame} }}; "
                       f"const int64_t FRAME = err[{self.frame_dynamic_at + len(plan.frame_dynamic)}];")
         else:
             self.emit(f"  enum {{ FRAME = {max(plan.frame_bytes, 64)}, NLOC = {plan.locals_per_frame} }};")
-        self.emit("  err[0] = 0; err[1] = 0;   /* an error code; how often workers were preempted */")
+        if not d.launched:   # the launch does it, before any block starts
+            self.emit("  err[0] = 0; err[1] = 0;   /* an error code; how often workers were preempted */")
         self.emit("  /* err[2]: the SIGINT counter's address (0: none); err[3]: the most iterations of a loop (0: any); */")
         self.emit("  /* err[4...]: the call's symbolic sizes (Program.sizes), then the offsets of the values of */")
         self.emit("  /* symbolic sizes in the arena (MemoryPlan.dynamic), those in a frame and the frame's bytes */")
         self.emit("  const int64_t* const ct_sigints = err[2] ? (const int64_t*)(intptr_t)err[2] : &err[2];")
-        self.emit("  const int64_t ct_sigints0 = CT_LOAD_RELAXED(ct_sigints);")
+        self.emit("  const int64_t ct_sigints0 = " + ("ct_a.sigints0;" if d.launched else "CT_LOAD_RELAXED(ct_sigints);"))
         self.emit("  const int64_t ct_max_iterations = err[3] > 0 ? err[3] : INT64_MAX;")
         self.emit(f"  {d.shared_decls}")
         self.emit(f"  {d.parallel_begin}")
@@ -350,16 +361,16 @@ class Renderer:
         self.emit("  int64_t sp = -1; char* fp = arena;")
         self.emit("  int ct_lead = 0, ct_nest = 0;   /* this worker's team: its first worker, its depth of splitting */")
         self.emit("  int64_t ct_step = 0;   /* fine-grained barriers passed (see ct_await) */")
-        workers_check = len(self.lines)
         self.emit("  ct_barrier_t* ct_team = &ct_bars[0]; char* stack = stack_all;")
         self.emit("  #define CT_TEAM() (ct_team = &ct_bars[ct_lead * CT_MAX_NEST + ct_nest], "
                   "stack = stack_all + (int64_t)ct_lead * max_depth * FRAME)")
-        self.emit("  int64_t* ct_slots = rets + (int64_t)ct_gw * (max_depth + 1) * CT_SLOTS;")
+        self.emit(f"  int64_t* ct_slots = rets + (int64_t){d.state_index} * (max_depth + 1) * CT_SLOTS;")
         self.emit("  #define CT_S(d, k) ct_slots[((d) + 1) * CT_SLOTS + (k)]   /* per worker and depth */")
         self.emit("  #define CT_R(d) CT_S(d, 0)   /* resume label of the call at depth d */")
         self.emit("  #define CT_F(d) CT_S(d, 1)   /* its caller's frame */")
-        self.emit("  int64_t* L0 = locals + (int64_t)ct_gw * (max_depth + 1) * NLOC;")
+        self.emit(f"  int64_t* L0 = locals + (int64_t){d.state_index} * (max_depth + 1) * NLOC;")
         self.emit("  #define CT_L (L0 + (sp + 1) * NLOC)   /* this frame's loop counters */")
+        workers_check = len(self.lines)   # after every declaration: C++ (CUDA) jumps over none
         self.block(self.up.functions[self.program.entry])
         self.emit(d.barrier)
         outs = [(f"((char*)out[{k}])", self.byte_ptr(v), self.nbytes(v.type))
@@ -383,16 +394,32 @@ class Renderer:
         self.emit("  #undef CT_R")
         self.emit("  #undef CT_F")
         self.emit("  }")
-        self.emit("  return err[0];")
-        self.emit("}")
-        if len(self.lines) > SKELETON_OPTIMIZE_LINES:
+        if d.launched:
+            self.emit("}")
+            self._launcher()
+        else:
+            self.emit("  return err[0];")
+            self.emit("}")
+        if len(self.lines) > SKELETON_OPTIMIZE_LINES and not d.launched:
             self.lines[0] = '__attribute__((optimize("O0"))) ' + self.lines[0]
         functions = []
         for body, name in self.kernels.items():
             params = "".join(f"char* a{k}, " for k in range(self.signatures[name]))
-            functions.append(f"__attribute__((noinline)) static int {name}({params}int w, int W, int64_t* err) {{\n"
+            functions.append(f"{d.kernel_prefix} int {name}({params}int w, int W, int64_t* err) {{\n"
                              f"{body}\nreturn 0;\n}}")
         return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry, self.prepacked)
+
+
+    def _launcher(self):
+        """The entry point on the host: one launch of the kernel, a block per worker (`nw`),
+        with the grid's barriers and step array (ct_cuda.h's ct_launch zeroes them, and err)."""
+        self.emit(f"CT_HOST int64_t {self.entry}(void** in, void** out, void** cst, char* arena, char* stack_all, "
+                  "int64_t max_depth, int64_t* locals, int64_t* rets, int64_t* err, int nw) {")
+        self.emit("  ct_args a = { in, out, cst, arena, stack_all, max_depth, locals, rets, err, nw, 0, 0, 0,")
+        self.emit("                (int64_t)sizeof(ct_barrier_t) * CT_MAX_NEST * nw, "
+                  "(int64_t)sizeof(int64_t) * CT_STEP_STRIDE * nw };")
+        self.emit(f"  return ct_launch({self.entry}_kernel, a, {self.d.threads});")
+        self.emit("}")
 
 
 # The entry function is the program's skeleton: kernel calls, barriers and control flow; the
@@ -405,7 +432,7 @@ SKELETON_OPTIMIZE_LINES = 5000
 
 def assemble(functions: list[Rendered], dialect: Dialect = CPU) -> str:
     """One C source: the dialect's preamble, the kernels' prelude, then the entry functions."""
-    return "\n".join([preamble(dialect), PRELUDE, *(f.source for f in functions)])
+    return "\n".join([preamble(dialect), PRELUDE if dialect.engine else PORTABLE_PRELUDE, *(f.source for f in functions)])
 
 
 def render(uprogram: UProgram, plan: MemoryPlan, dialect: Dialect = CPU, entry: str = "cocktailer_run") -> Rendered:

@@ -47,7 +47,7 @@ import torch
 from cocktailer.codegen.kernels import conv, elementwise, matmul, movement, reduce
 from cocktailer.codegen.kernels.common import SUPPORTED_DTYPES, is_float
 from cocktailer.codegen.kernels.context import KernelContext, ctype
-from cocktailer.codegen.kernels.prelude import PRELUDE
+from cocktailer.codegen.kernels.prelude import PORTABLE_PRELUDE, PRELUDE
 from cocktailer.ir import Op, Operation
 from cocktailer.ir.ops import BINARY, UNARY
 
@@ -105,4 +105,4 @@ def supported(op: Operation) -> bool:
     return True
 
 
-__all__ = ["KERNELS", "PRELUDE", "KernelContext", "ctype", "supported"]
+__all__ = ["KERNELS", "PORTABLE_PRELUDE", "PRELUDE", "KernelContext", "ctype", "supported"]

@@ -54,3 +54,6 @@ class KernelContext:
     simd: Callable[..., str] = field(default=CPU.simd)
     # C expression: a dim's size, a number or a symbolic size read at call time
     size: Callable[[object], str] = field(default=_static_size)
+    # the GEMM engine (gemm.py, convgemm.py: GCC vector extensions, x86 intrinsics) is in the
+    # prelude; False for a dialect whose kernels run on a GPU: products take plain loops
+    engine: bool = True

@@ -5,7 +5,8 @@ packed GEMM of gemm.py with a B packer that builds the im2col panel on the fly f
 (padding as zeros), so no im2col buffer exists. A 1x1, stride-1, unpadded conv packs the image
 itself. With AVX-512, stride-1 convs whose output rows are as wide as the input's (3x3 pad 1
 and the like) skip B packing altogether: `ck_sconv` reads each tap's pixels in place with
-masked loads (gemm.py). Bias is added by the micro-kernel. float64 runs a direct loop nest.
+masked loads (gemm.py). Bias is added by the micro-kernel. float64 runs a direct loop nest, and so does float32 without
+the GEMM engine (`KernelContext.engine`: the CUDA dialect's kernels).
 Convs on 1x1 images (pointwise, fewer than 16 pixels) are dot products.
 
 Pools follow ATen's CPU kernels: max propagates NaN; avg divides by the window clipped to the
@@ -50,7 +51,7 @@ def render_conv2d(op: Operation, ctx: KernelContext) -> str:
     T = ctype(out.type.dtype)
     head = [f"const {T}* k_x = {ctx.ptr(x)};", f"const {T}* k_w = {ctx.ptr(w)};", f"{T}* k_y = {ctx.ptr(out)};",
             f"const {T}* k_bias = {ctx.ptr(bias) if bias is not None else '0'};"]
-    if out.type.dtype is not torch.float32 or Kg == 0:
+    if out.type.dtype is not torch.float32 or Kg == 0 or not ctx.engine:
         return block(*head, *_direct(T, nb, cin, h, wd, cout, oh, ow, cin_g, kh, kw, g, sh, sw, ph, pw, dh, dw, ctx))
     pointwise = (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0)
     if pointwise and g == 1 and P < 16:   # e.g. 1x1 convs on pooled features: dot products

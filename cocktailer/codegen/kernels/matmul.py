@@ -9,7 +9,8 @@ float32 takes one of three paths, chosen from the static shapes:
 - otherwise the packed GEMM `ck_sgemm_<MR>x<NR>` (gemm.py), workers split (batch, rows,
   column panels) so each gets whole NR-wide panels: column panels when there are enough,
   row blocks too when not.
-Other dtypes (float64, int64, int32) run a plain vectorized loop nest.
+Other dtypes (float64, int64, int32) run a plain vectorized loop nest, and so does float32 where
+the GEMM engine is not in the prelude (`KernelContext.engine`: the CUDA dialect's kernels).
 
 An operand may be read as a view of another value's buffer (attrs["views"], set by
 `passes.views` on native programs): that buffer reshaped, then permuted. The packed GEMM reads
@@ -145,14 +146,15 @@ def render_matmul(op: Operation, ctx: KernelContext) -> str:
     T = ctype(dt)
     head = [f"const {T}* k_a = {ctx.ptr(a)};", f"const {T}* k_b = {ctx.ptr(b)};", f"{T}* k_c = {ctx.ptr(out)};"]
     sta, stb, lda, ldb, transposed = _in_place(op, batch, sta, stb, K, N, ctx)
-    if views(op) and path(op).split()[0] != "gemm":
-        raise AssertionError(f"a MATMUL reads a view on the {path(op)} path, which reads only contiguous operands")
+    if views(op) and (path(op).split()[0] != "gemm" or not ctx.engine):
+        raise AssertionError(f"a MATMUL reads a view on the {path(op) if ctx.engine else 'loops'} path, "
+                             "which reads only contiguous operands")
     a_off = offset_expr("k_bi", batch, sta) if batch else "0"
     b_off = offset_expr("k_bi", batch, stb) if batch else "0"
     if K == 0:
         return block(*head, split(ctx, product(nb, M, N), 16),
                      "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_c[k_i] = 0;")
-    if dt is not torch.float32:
+    if dt is not torch.float32 or not (ctx.engine or isinstance(N, int) and N < 16):
         return block(*head, *_generic(dt, nb, M, K, N, a_off, b_off, ctx))
     if isinstance(N, int) and N < 16:
         return block(*head, *narrow(nb, M, K, N, a_off, b_off, ctx))

@@ -1,7 +1,8 @@
 """C helpers every kernel may use, included once in each generated file, after the dialect's
 preamble (its headers: stdint, string, math).
 
-Everything here is `static` (each generated file has its own copy) and prefixed `ck_`.
+Everything here is `CT_FN` (the dialect's: `static inline`, on CUDA a device function too;
+each generated file has its own copy) and prefixed `ck_`.
 The math functions are written without branches so GCC vectorizes the loops that call
 them (the dialect's vector loops); glibc's scalar expf/tanhf would keep those loops scalar. Their
 error is within ~2 ulp of the correctly rounded value (torch's own vectorized versions, Sleef,
@@ -18,7 +19,7 @@ _BASE = r"""
 #define CK_MAX(a, b) ((a) > (b) ? (a) : (b))
 
 /* this worker's share [lo, hi) of n items, cut at multiples of grain (a cache line) */
-static inline void ck_range(int64_t n, int64_t grain, int64_t w, int64_t W, int64_t* lo, int64_t* hi) {
+CT_FN void ck_range(int64_t n, int64_t grain, int64_t w, int64_t W, int64_t* lo, int64_t* hi) {
   int64_t units = (n + grain - 1) / grain;
   int64_t a = units * w / W, b = units * (w + 1) / W;
   *lo = a * grain;
@@ -26,16 +27,16 @@ static inline void ck_range(int64_t n, int64_t grain, int64_t w, int64_t W, int6
 }
 
 /* Python-style index into a dim of `size`: negative counts from the end; -1 when out of range */
-static inline int64_t ck_wrap(int64_t i, int64_t size) {
+CT_FN int64_t ck_wrap(int64_t i, int64_t size) {
   if (i < 0) i += size;
   return (i < 0 || i >= size) ? -1 : i;
 }
 
-static inline float ck_bits2f(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
+CT_FN float ck_bits2f(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
 
 /* exp(x): x = n ln2 + r, |r| <= ln2/2, Cephes' polynomial for e^r, 2^n in two steps so
    results down to the subnormals are right */
-static inline float ck_expf(float x) {
+CT_FN float ck_expf(float x) {
   float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
   float n = __builtin_rintf(xc * 1.44269504088896341f);
   float r = __builtin_fmaf(n, -0.693145751953125f, xc);
@@ -54,7 +55,7 @@ static inline float ck_expf(float x) {
 }
 
 /* tanh: Cephes' odd polynomial below 0.625 (no cancellation), 1 - 2/(e^2|x| + 1) above */
-static inline float ck_tanhf(float x) {
+CT_FN float ck_tanhf(float x) {
   float ax = fabsf(x);
   float big = 1.0f - 2.0f / (ck_expf(2.0f * ax) + 1.0f);
   big = x < 0 ? -big : big;
@@ -71,7 +72,7 @@ static inline float ck_tanhf(float x) {
 /* erfc(a) for a >= 0: t e^(-a^2 + P(t)), t = 1 / (1 + a/2), with the Chebyshev fit of
    Numerical Recipes (relative error below 1.2e-7 in exact arithmetic, a few float ulp here);
    glibc's erff is scalar and kept GELU loops 16x slower than torch's */
-static inline float ck_erfc_nonneg(float a) {
+CT_FN float ck_erfc_nonneg(float a) {
   float t = 1.0f / __builtin_fmaf(0.5f, a, 1.0f);
   float p = 0.17087277f;
   p = __builtin_fmaf(p, t, -0.82215223f);
@@ -88,7 +89,7 @@ static inline float ck_erfc_nonneg(float a) {
 
 /* erf: its Maclaurin series (odd, to x^13) below 0.5, where 1 - erfc would lose the small
    values' digits; 1 - erfc(|x|), signed, above */
-static inline float ck_erff(float x) {
+CT_FN float ck_erff(float x) {
   float ax = fabsf(x);
   float big = 1.0f - ck_erfc_nonneg(ax);
   big = x < 0 ? -big : big;
@@ -106,25 +107,25 @@ static inline float ck_erff(float x) {
 
 /* GELU, x Phi(x) = x erfc(-x / sqrt 2) / 2: erfc itself where x < 0, so the tail keeps its
    digits (1 + erf would cancel them) */
-static inline float ck_geluf(float x) {
+CT_FN float ck_geluf(float x) {
   float u = x * 0.70710678118654752440f;
   float c = ck_erfc_nonneg(fabsf(u));
   return 0.5f * x * (u < 0 ? c : 2.0f - c);
 }
 
-static inline float ck_sigmoidf(float x) { return 1.0f / (1.0f + ck_expf(-x)); }
-static inline double ck_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+CT_FN float ck_sigmoidf(float x) { return 1.0f / (1.0f + ck_expf(-x)); }
+CT_FN double ck_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
 /* torch.floor_divide / torch.remainder on floats (ATen's div_floor_floating, remainder) */
 #define CK_FLOORDIV_FLOAT(T, FMOD, FLOOR, COPYSIGN)                      \
-  static inline T ck_floordiv_##T(T a, T b) {                            \
+  CT_FN T ck_floordiv_##T(T a, T b) {                            \
     if (b == 0) return a / b;                                            \
     T mod = FMOD(a, b), div = (a - mod) / b;                             \
     if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1;                    \
     if (div != 0) { T fl = FLOOR(div); if (div - fl > (T)0.5) fl += 1; return fl; } \
     return COPYSIGN((T)0, a / b);                                        \
   }                                                                      \
-  static inline T ck_mod_##T(T a, T b) {                                 \
+  CT_FN T ck_mod_##T(T a, T b) {                                 \
     T mod = FMOD(a, b);                                                  \
     if (mod != 0 && ((b < 0) != (mod < 0))) mod += b;                    \
     return mod;                                                          \
@@ -133,20 +134,20 @@ CK_FLOORDIV_FLOAT(float, fmodf, floorf, copysignf)
 CK_FLOORDIV_FLOAT(double, fmod, floor, copysign)
 
 /* integer floor division and modulo; a zero divisor gives 0 (kernels check for it where they can) */
-static inline int64_t ck_floordiv_i64(int64_t a, int64_t b) {
+CT_FN int64_t ck_floordiv_i64(int64_t a, int64_t b) {
   if (b == 0) return 0;
   if (b == -1) return (int64_t)(0 - (uint64_t)a);
   int64_t q = a / b, r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;
 }
-static inline int64_t ck_mod_i64(int64_t a, int64_t b) {
+CT_FN int64_t ck_mod_i64(int64_t a, int64_t b) {
   if (b == 0 || b == -1) return 0;
   int64_t r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 
 /* integer power, wrapping like torch; negative exponents give 0 unless |a| == 1 */
-static inline int64_t ck_powi(int64_t a, int64_t b) {
+CT_FN int64_t ck_powi(int64_t a, int64_t b) {
   if (b < 0) return a == 1 ? 1 : (a == -1 ? ((-b) % 2 ? -1 : 1) : 0);
   uint64_t r = 1, x = (uint64_t)a;
   while (b) { if (b & 1) r *= x; x *= x; b >>= 1; }
@@ -155,3 +156,6 @@ static inline int64_t ck_powi(int64_t a, int64_t b) {
 """
 
 PRELUDE = _BASE + GEMM_C + CONV_C
+# Without the GEMM engine (GCC's vector extensions and x86 intrinsics): what a dialect whose
+# kernels run on a GPU gets (KernelContext.engine False): math helpers and work splitting.
+PORTABLE_PRELUDE = _BASE

@@ -1,0 +1,195 @@
+/* cocktailer's CUDA portability header: the one place a CUDA primitive is spelled.
+
+   A generated CUDA program (codegen.dialect.CUDA) is one persistent kernel: one block per L1
+   worker (vEU); every thread of a block runs its block's copy of the control flow, and each
+   operator's share of a worker is split again over the block's threads (its lanes). The
+   program itself only uses the names below:
+
+     CT_GLOBAL, CT_DEVICE             a kernel entry, a function called on the device
+     CT_NOINLINE                      an operator's function: called, not inlined into the kernel
+                                      (ptxas's time and the kernel's registers grow with its size)
+     CT_BLOCK, CT_BLOCKS, CT_LANE, CT_LANES   this block and the grid's, this thread and the block's
+     ct_block_any(x)                  block barrier; true on every lane if x was true on any
+     CT_LOAD_ACQUIRE ... CT_ADD_FETCH atomics on int64_t shared by blocks (device scope)
+     CT_PAUSE(), CT_YIELD()           what a spinning lane does while it waits
+     ct_launch(kernel, args, threads) one cooperative launch of `args.nw` blocks; returns err[0]
+
+   Two executions of the same source:
+   - nvcc (__CUDACC__): the real GPU. The launch is cooperative, so a grid that cannot be
+     resident at once fails to launch instead of hanging at its first grid barrier.
+   - any other C++ compiler: a virtual GPU on the CPU, one OS thread per CUDA thread; a block's
+     barrier is a real one (pthread_barrier_t), atomics are the compiler's. With
+     COCKTAILER_SHAKE=1 in the environment, lanes yield their core at random before barriers
+     and in spins, to try other interleavings.
+
+   Rule the tests check: state shared by blocks (grid barriers, the step array, the error code)
+   is only touched through the CT_* atomics, never by plain loads and stores; x86's strong
+   ordering would hide a missing fence on the CPU, a GPU would not. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+typedef struct {
+  void** in; void** out; void** cst; char* arena; char* stack_all; int64_t max_depth;
+  int64_t* locals; int64_t* rets; int64_t* err; int nw;
+  int64_t sigints0;     /* the SIGINT counter when the call began (read once, by the host) */
+  void* bars; int64_t* steps;   /* grid barriers and the step array, zeroed by ct_launch */
+  int64_t bar_bytes, step_bytes;
+} ct_args;
+typedef void (*ct_kernel)(ct_args);
+
+#ifdef __CUDACC__
+/* ---------------------------------------------------------------- the real GPU */
+#include <cuda/atomic>
+#include <cuda_runtime.h>
+/* the skeleton declares the state of every construct (frames, team, step count) whether or not
+   the program has one: as the CPU build's -Wno-unused-variable, and nothing else */
+#pragma nv_diag_suppress 177
+#define CT_GLOBAL extern "C" __global__
+#define CT_DEVICE __device__
+#define CT_NOINLINE __noinline__
+#define CT_BLOCK ((int)blockIdx.x)
+#define CT_BLOCKS ((int)gridDim.x)
+#define CT_LANE ((int)threadIdx.x)
+#define CT_LANES ((int)blockDim.x)
+#define CT_HOST extern "C" __host__
+typedef cuda::atomic_ref<int64_t, cuda::thread_scope_device> ct_atomic;
+__device__ static inline int64_t ct_load_acquire(int64_t* p) { return ct_atomic(*p).load(cuda::memory_order_acquire); }
+__device__ static inline int64_t ct_load_relaxed(int64_t* p) { return ct_atomic(*p).load(cuda::memory_order_relaxed); }
+__device__ static inline void ct_store_release(int64_t* p, int64_t v) { ct_atomic(*p).store(v, cuda::memory_order_release); }
+__device__ static inline void ct_store_relaxed(int64_t* p, int64_t v) { ct_atomic(*p).store(v, cuda::memory_order_relaxed); }
+__device__ static inline int64_t ct_add_fetch(int64_t* p, int64_t v) {
+  return ct_atomic(*p).fetch_add(v, cuda::memory_order_acq_rel) + v;
+}
+#define CT_PAUSE() __nanosleep(32)
+#define CT_YIELD() __nanosleep(1000)
+__device__ static inline int ct_block_any(int x) { return __syncthreads_or(x); }
+
+/* Every buffer and table in `a` is device memory (the runtime's binding), err[2] is 0 (a
+   host's SIGINT counter is not readable from the device), and bars and steps are allocated. */
+static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
+  a.sigints0 = 0;
+  cudaMemset(a.err, 0, 2 * sizeof(int64_t));
+  cudaMemset(a.bars, 0, (size_t)a.bar_bytes);
+  cudaMemset(a.steps, 0, (size_t)a.step_bytes);
+  void* params[] = { &a };
+  if (cudaLaunchCooperativeKernel((const void*)kernel, dim3(a.nw), dim3(threads), params, 0, 0) != cudaSuccess)
+    return -1;
+  if (cudaDeviceSynchronize() != cudaSuccess) return -1;
+  int64_t code = 0;
+  cudaMemcpy(&code, a.err, sizeof code, cudaMemcpyDeviceToHost);
+  return code;
+}
+
+#else
+/* ---------------------------------------------------------------- a virtual GPU on the CPU */
+#include <pthread.h>
+#include <sched.h>
+#define CT_GLOBAL static
+#define CT_DEVICE
+#define CT_NOINLINE __attribute__((noinline))
+#define CT_HOST extern "C"
+typedef struct {
+  pthread_barrier_t bar;
+  int any[3];           /* ct_block_any's flags: round r sets any[r % 3], see there */
+} ct_vblock;
+typedef struct { int block, blocks, lane, lanes; int64_t round; ct_vblock* vb; unsigned seed; } ct_vthread;
+static thread_local ct_vthread ct_self;
+static int ct_shake = 0;
+#define CT_BLOCK (ct_self.block)
+#define CT_BLOCKS (ct_self.blocks)
+#define CT_LANE (ct_self.lane)
+#define CT_LANES (ct_self.lanes)
+static inline void ct_maybe_yield(void) {
+  if (ct_shake && (rand_r(&ct_self.seed) & 3) == 0) sched_yield();
+}
+static inline int64_t ct_load_acquire(int64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline int64_t ct_load_relaxed(int64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static inline void ct_store_release(int64_t* p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static inline void ct_store_relaxed(int64_t* p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+static inline int64_t ct_add_fetch(int64_t* p, int64_t v) { return __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
+#define CT_PAUSE() ct_maybe_yield()
+#define CT_YIELD() sched_yield()
+/* __syncthreads_or. Round r of a block's lanes ORs into any[r % 3], waits, reads it; lane 0
+   then clears any[(r + 2) % 3], the flag of round r + 2: its writers have not passed this
+   round's barrier's successor, and its last readers (round r - 1) have passed this one. */
+static inline int ct_block_any(int x) {
+  ct_vblock* b = ct_self.vb;
+  const int slot = (int)(ct_self.round % 3);
+  ct_maybe_yield();
+  if (x) __atomic_store_n(&b->any[slot], 1, __ATOMIC_RELAXED);
+  pthread_barrier_wait(&b->bar);
+  const int any = __atomic_load_n(&b->any[slot], __ATOMIC_RELAXED);
+  if (ct_self.lane == 0) __atomic_store_n(&b->any[(slot + 2) % 3], 0, __ATOMIC_RELAXED);
+  ct_self.round++;
+  return any;
+}
+
+typedef struct { ct_kernel kernel; ct_args* args; ct_vthread self; int* gate; } ct_vstart;
+static void* ct_vthread_main(void* p) {
+  ct_vstart* s = (ct_vstart*)p;
+  int gate;
+  while ((gate = __atomic_load_n(s->gate, __ATOMIC_ACQUIRE)) == 0) sched_yield();
+  if (gate == 1) {
+    ct_self = s->self;
+    s->kernel(*s->args);
+  }
+  return 0;
+}
+
+/* One OS thread per CUDA thread. They start together once all exist: where one cannot be
+   created, none runs (the others would wait for it at their first barrier) and the launch
+   fails. */
+static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
+  const int n = a.nw * threads;
+  a.err[0] = 0; a.err[1] = 0;   /* an error code; how often workers were preempted (never, here) */
+  a.sigints0 = __atomic_load_n(a.err[2] ? (const int64_t*)(intptr_t)a.err[2] : &a.err[2], __ATOMIC_RELAXED);
+  const char* shake = getenv("COCKTAILER_SHAKE");
+  ct_shake = shake != 0 && shake[0] == '1';
+  a.bars = calloc(1, (size_t)a.bar_bytes);
+  a.steps = (int64_t*)calloc(1, (size_t)a.step_bytes);
+  ct_vblock* blocks = (ct_vblock*)calloc((size_t)a.nw, sizeof(ct_vblock));
+  ct_vstart* starts = (ct_vstart*)calloc((size_t)n, sizeof(ct_vstart));
+  pthread_t* ids = (pthread_t*)calloc((size_t)n, sizeof(pthread_t));
+  int64_t code = -1;
+  int gate = 0;
+  if (a.bars && a.steps && blocks && starts && ids) {
+    for (int b = 0; b < a.nw; ++b) pthread_barrier_init(&blocks[b].bar, 0, (unsigned)threads);
+    int started = 0;
+    for (; started < n; ++started) {
+      const int b = started / threads, l = started % threads;
+      ct_vthread self = { b, a.nw, l, threads, 0, &blocks[b], (unsigned)started * 2654435761u };
+      const ct_vstart start = { kernel, &a, self, &gate };
+      starts[started] = start;
+      if (pthread_create(&ids[started], 0, ct_vthread_main, &starts[started])) break;
+    }
+    __atomic_store_n(&gate, started == n ? 1 : 2, __ATOMIC_RELEASE);
+    for (int t = 0; t < started; ++t) pthread_join(ids[t], 0);
+    for (int b = 0; b < a.nw; ++b) pthread_barrier_destroy(&blocks[b].bar);
+    code = started == n ? a.err[0] : -1;
+  }
+  free(a.bars); free(a.steps); free(blocks); free(starts); free(ids);
+  return code;
+}
+#endif
+
+#define CT_LOAD_ACQUIRE(p) ct_load_acquire((int64_t*)(p))
+#define CT_LOAD_RELAXED(p) ct_load_relaxed((int64_t*)(p))
+#define CT_STORE_RELEASE(p, v) ct_store_release((int64_t*)(p), (v))
+#define CT_STORE_RELAXED(p, v) ct_store_relaxed((int64_t*)(p), (v))
+#define CT_ADD_FETCH(p, v) ct_add_fetch((int64_t*)(p), (v))
+
+/* A worker's share (w of W) split again over its lanes: the sub-worker this lane is, of how
+   many. ck_range's shares nest (units * w / W), so a block's lanes together take exactly the
+   share the worker would have taken alone. */
+#define CT_SUB(w) ((w) * CT_LANES + CT_LANE)
+#define CT_SUBS(W) ((W) * CT_LANES)
+/* every lane evaluates x, then a block barrier: true on every lane if it was on any */
+#define CT_EVERY(x) ct_block_any((x) ? 1 : 0)
+/* a block barrier, lane 0 alone evaluates x (a grid barrier's atomics), then true on every
+   lane if it was true there */
+#define CT_LEAD(x) (ct_block_any(0), ct_block_any(CT_LANE == 0 && (x)))
+#define CT_FN CT_DEVICE static inline   /* a helper the kernels call */
+/* barriers' waits and copies: called from every place in the skeleton, so not inlined there */
+#define CT_OUTLINED CT_DEVICE CT_NOINLINE static
