@@ -31,10 +31,11 @@ from cocktailer.runtime.compiler import find_compiler
 BACKENDS: dict[str, Callable[[Program], Callable]] = {
     "cpu": native_backend("cpu"),    # the whole program, control flow included, as one native call
     "host": native_backend("host"),  # control flow in Python, each basic block one native call (CocktailerBase)
+    "cuda": native_backend("cuda"),  # the same program as one persistent CUDA kernel (a virtual GPU for now)
     "reference": ReferenceExecutor,
 }
 AUTO_ORDER = ["cpu", "reference"]   # "auto" takes the first that can run the program
-NATIVE = {"cpu", "host"}
+NATIVE = {"cpu", "host", "cuda"}
 
 
 def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwargs: dict | None = None,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 
 DEFAULT_MAX_DEPTH = 256   # frames of the recursion stack
 POLICIES = ("simple", "measured")
+BACKENDS = ("cpu", "host", "cuda")
 # The measured policy's steps, in the order it takes them (schedule.search says what each tries).
 STEPS = ("host level", "nested constructs at L1", "control flow at L1", "SetResource", "recursion unroll",
          "loop unroll", "wavefront", "fine-grained barriers")
@@ -15,7 +16,8 @@ STEPS = ("host level", "nested constructs at L1", "control flow at L1", "SetReso
 
 @dataclass(frozen=True)
 class Config:
-    backend: str = "cpu"         # "cpu": control flow at L1 in one native program; "host": control flow in Python
+    backend: str = "cpu"         # "cpu": control flow at L1 in one native program; "host": control flow in Python;
+                                 # "cuda": the same program as one persistent CUDA kernel (backend/cuda.py)
     workers: int | None = None   # L1 units (worker threads); None: every CPU this process may use
     max_depth: int = DEFAULT_MAX_DEPTH
     # the most iterations one run of a loop may take; more raise CompiledCallError (None: no limit)
@@ -31,6 +33,10 @@ class Config:
     fine_barriers: bool = True   # with wavefront: a worker waits only for the workers it depends on
     measure_waves: bool = True   # with wavefront: time each wave both ways (else a balance rule decides)
     native_from: int | None = None   # host: constructs nested at least this deep run in native blocks
+    # cuda: run the generated CUDA on a virtual GPU, its CPU execution mode (`workers` blocks of
+    # `threads` threads, each an OS thread): how its programs are checked without a GPU
+    virtual_gpu: bool = False
+    threads: int = 32            # cuda: threads per block
     # measured policy: more argument tuples to time candidates on (not part of what is built)
     samples: tuple = field(default=(), compare=False, hash=False)
 
@@ -48,7 +54,7 @@ class Config:
         for key in ("steps", "samples"):
             if key in options:
                 options[key] = tuple(options[key])
-        return Config(backend=backend if backend in ("cpu", "host") else "cpu", **options)
+        return Config(backend=backend if backend in BACKENDS else "cpu", **options)
 
     @property
     def control(self) -> str:
@@ -65,12 +71,14 @@ class Config:
         unroll = f", loops unrolled by {self.unroll}" if self.unroll > 1 else ""
         wave = (", wavefront co-scheduling" + (" with fine-grained barriers" if self.fine_barriers else "")
                 if self.wavefront else "")
-        return f"{where}, {workers}{fan}{unroll}{wave}"
+        gpu = f", CUDA blocks of {self.threads} threads{' on a virtual GPU' if self.virtual_gpu else ''}" \
+            if self.backend == "cuda" else ""
+        return f"{where}, {workers}{fan}{unroll}{wave}{gpu}"
 
 
 def _check(c: Config):
-    if c.backend not in ("cpu", "host"):
-        raise ValueError(f"unknown native backend {c.backend!r}; known: cpu, host")
+    if c.backend not in BACKENDS:
+        raise ValueError(f"unknown native backend {c.backend!r}; known: {', '.join(BACKENDS)}")
     if c.policy not in POLICIES:
         raise ValueError(f"unknown policy {c.policy!r}; known: {', '.join(POLICIES)}")
     unknown = sorted(set(c.steps) - set(STEPS))
@@ -79,7 +87,7 @@ def _check(c: Config):
     if c.fan_out and c.wavefront:
         # a fan-out's groups run different numbers of steps, so the step array would disagree
         raise ValueError("wavefront co-scheduling and fan-out of calls cannot be combined")
-    for name in ("workers", "max_depth", "unroll", "max_iterations"):
+    for name in ("workers", "max_depth", "unroll", "max_iterations", "threads"):
         value = getattr(c, name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"option {name} must be a positive int, got {value!r}")

@@ -2,6 +2,7 @@
 of every stage it ran (`cocktailer.explain` prints it).
 
     simple policy: the cpu pipeline (backend.cpu.CPU_STAGES) or the host one (HOST_STAGES)
+    cuda: backend.cuda.CUDA_STAGES (the cpu pipeline in the CUDA dialect)
     measured policy: the search's candidates, each built by one of them and timed
 """
 from __future__ import annotations
@@ -12,13 +13,13 @@ import torch
 
 from cocktailer.backend.config import Config
 from cocktailer.backend.cpu import build_cpu
+from cocktailer.backend.cuda import build_cuda
 from cocktailer.backend.host import build_host
 from cocktailer.backend.measured import SizeTrial, TunedProgram, specialize, tune
+from cocktailer.backend.native import unsupported_ops
 from cocktailer.backend.record import Record
-from cocktailer.codegen import kernels
 from cocktailer.errors import CocktailerError
 from cocktailer.ir import Program
-from cocktailer.ir.analysis import runs_in_python
 
 
 class BackendUnavailable(CocktailerError):
@@ -31,6 +32,8 @@ def build(program: Program, config: Config, samples: list[list[torch.Tensor]] | 
     if program.device.type != "cpu":
         raise BackendUnavailable(f"the {config.backend} backend runs CPU tensors; these are on {program.device}")
     record = Record(config)
+    if config.backend == "cuda":
+        return build_cuda(program, config, record)
     if config.policy == "measured" and config.backend == "cpu":
         return tune(program, config, samples or [], build_native, record)
     if config.backend == "host":
@@ -61,11 +64,6 @@ def build_native(program: Program, config: Config, record: Record) -> Callable:
     if missing:
         raise BackendUnavailable(f"no native kernel for: {'; '.join(missing)}")
     return build_cpu(program, config, record)
-
-
-def unsupported_ops(program: Program) -> list[str]:
-    return sorted({f"{op.op.name.lower()} ({', '.join(str(v.type) for v in op.operands + op.results)})"
-                   for op in program.walk() if runs_in_python(op, kernels.supported)})
 
 
 def backend(name: str) -> Callable[[Program], Callable]:

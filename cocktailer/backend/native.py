@@ -17,8 +17,10 @@ from cocktailer.codegen import kernels
 from cocktailer.codegen.kernels.elementwise import int_divides
 from cocktailer.codegen.kernels import matmul
 from cocktailer.codegen.kernels.gemm import prepack_b
+from cocktailer.codegen.dialect import Dialect, cuda
 from cocktailer.codegen.renderer import CPU, Rendered, assemble, render
 from cocktailer.ir import Program, SymbolicSizeError
+from cocktailer.ir.analysis import runs_in_python
 from cocktailer.passes.fuse import fuse_elementwise
 from cocktailer.passes.views import fold_views_into_products
 from cocktailer.runtime.compiler import compile_shared_library, load_library
@@ -73,10 +75,17 @@ def fuse(b: Build) -> str:
     return f"{fused} elementwise ops folded into the ops after them"
 
 
+def dialect_of(config: Config) -> Dialect:
+    """The C dialect a configuration's programs are rendered in."""
+    return cuda(config.threads) if config.backend == "cuda" else CPU
+
+
 def fold_views(b: Build) -> str:
     """Each part's products read the reshapes and permutes of their operands in place
     (`passes.views`), where the GEMM can; the copies nothing else reads go. Where `fuse` runs."""
     folded = 0
+    if not dialect_of(b.config).engine:
+        return "not here: only the GEMM engine reads views"
     for p in b.parts:
         if p.config.wavefront or not p.config.fuse:
             continue
@@ -106,23 +115,29 @@ def placement(b: Build) -> str:
 def render_parts(b: Build) -> str:
     if not b.parts:
         return "no native code"
+    dialect = dialect_of(b.config)
     for p in b.parts:
-        p.rendered = render(p.uprogram, p.plan, CPU, p.entry)
-    b.source = assemble([p.rendered for p in b.parts])
-    return f"{len(b.source.splitlines())} lines of C"
+        p.rendered = render(p.uprogram, p.plan, dialect, p.entry)
+    b.source = b.record.source = assemble([p.rendered for p in b.parts], dialect)
+    return f"{len(b.source.splitlines())} lines of {'CUDA C++' if dialect.launched else 'C'}"
+
+
+def _language(b: Build) -> str:
+    """CUDA source runs here in its CPU execution mode: compiled as C++ (ct_cuda.h)."""
+    return "c++" if dialect_of(b.config).launched else "c"
 
 
 def compile_library(b: Build) -> str:
     if not b.parts:
         return "no native code"
-    b.path, cached = compile_shared_library(b.source)
+    b.path, cached = compile_shared_library(b.source, language=_language(b))
     return f"{'cache hit' if cached else 'the C compiler ran'}: {b.path.name}"
 
 
 def load(b: Build) -> str:
     if not b.parts:
         return "no native code"
-    handle = load_library(b.path, b.source)
+    handle = load_library(b.path, b.source, language=_language(b))
     for p in b.parts:
         p.compiled = CompiledProgram(handle, str(b.path), _entry(p), p.config.workers, p.config.max_depth,
                                      b.record, p.config.max_iterations)
@@ -141,6 +156,12 @@ def build_parts(parts: list[Part], record: Record) -> list[CompiledProgram]:
     return [p.compiled for p in parts]
 
 
+def unsupported_ops(program: Program) -> list[str]:
+    """Each data op no native kernel runs, with its types."""
+    return sorted({f"{op.op.name.lower()} ({', '.join(str(v.type) for v in op.operands + op.results)})"
+                   for op in program.walk() if runs_in_python(op, kernels.supported)})
+
+
 def _count(b: Build) -> str:
     return f"{len(b.parts)} entry points" if len(b.parts) > 1 else ""
 
@@ -153,7 +174,7 @@ def _entry(part: Part) -> Entry:
                  [_constant(program, rendered, name) for name in plan.const_names],
                  plan.arena_bytes, plan.frame_bytes, plan.locals_per_frame, part.uprogram.fans_out,
                  part.uprogram.co_scheduled or part.uprogram.fine_barriers,
-                 program.sizes, tuple(plan.dynamic), tuple(plan.frame_dynamic))
+                 program.sizes, tuple(plan.dynamic), tuple(plan.frame_dynamic), dialect_of(part.config).threads)
 
 
 def _constant(program: Program, rendered: Rendered, name: str):

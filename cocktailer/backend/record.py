@@ -31,6 +31,7 @@ class Record:
     chosen: "Record | None" = None                      # measured policy: the record of the one kept
     sizes: list = field(default_factory=list)   # measured policy: backend.measured.SizeTrial per sample size
     notices: list[str] = field(default_factory=list)    # what the user should hear (the api warns once)
+    source: str = ""                                    # the generated source the native stages compiled
 
     @contextmanager
     def stage(self, name: str) -> Iterator[Stage]:

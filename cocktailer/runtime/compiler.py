@@ -10,9 +10,11 @@ import ctypes
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -27,6 +29,11 @@ from cocktailer.runtime import cache
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math",
          "-Wno-unused-label", "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
 TORCH_LIB = str(Path(torch.__file__).parent / "lib")
+# CUDA programs in their CPU execution mode (a virtual GPU, ct_cuda.h): the same source as nvcc
+# compiles, as C++ with threads; it is there to check the programs, so it is compiled for
+# compile time (-O1), not speed.
+CXX_FLAGS = ["-x", "c++", "-O1", "-shared", "-fPIC", "-std=gnu++17", "-pthread", "-fno-math-errno",
+             "-Wno-unused-label", "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
 
 
 class CompilerNotFound(RuntimeError):
@@ -36,6 +43,14 @@ class CompilerNotFound(RuntimeError):
 @functools.cache
 def find_compiler() -> str | None:
     for name in (os.environ.get("CC"), "gcc", "cc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@functools.cache
+def find_cxx_compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
         if name and shutil.which(name):
             return shutil.which(name)
     return None
@@ -68,13 +83,14 @@ def _link_flags(source: str) -> list[str]:
     return ["-lm"]
 
 
-def compile_shared_library(source: str, extra_flags: Sequence[str] = ()) -> tuple[Path, bool]:
+def compile_shared_library(source: str, extra_flags: Sequence[str] = (), language: str = "c") -> tuple[Path, bool]:
     """The path of a valid library built from `source`, and whether it came from the cache
-    (else the compiler ran now)."""
-    cc = find_compiler()
+    (else the compiler ran now). `language` "c++": a CUDA program for its CPU execution mode."""
+    cc = find_compiler() if language == "c" else find_cxx_compiler()
     if cc is None:
-        raise CompilerNotFound("no C compiler found (set CC, or install gcc)")
-    flags = [*FLAGS, *extra_flags]
+        raise CompilerNotFound(f"no {language.upper()} compiler found (set {'CC' if language == 'c' else 'CXX'}, "
+                               "or install gcc)")
+    flags = [*(FLAGS if language == "c" else CXX_FLAGS), *extra_flags]
     link = _link_flags(source)
     key = hashlib.sha256("\0".join([source, *flags, *link, _compiler_identity(cc), _native_target(cc)]).encode()
                          ).hexdigest()[:32]
@@ -99,12 +115,75 @@ def compile_shared_library(source: str, extra_flags: Sequence[str] = ()) -> tupl
     return library, False
 
 
-def load_library(path: Path, source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
+def load_library(path: Path, source: str, extra_flags: Sequence[str] = (), language: str = "c") -> ctypes.CDLL:
     """The library at `path` (built from `source`), loaded. An entry that validated but does
     not load (another process evicted it in between) is built once more."""
     try:
         return ctypes.CDLL(str(path))
     except OSError:
         cache.forget(path)
-        path, _ = compile_shared_library(source, extra_flags)
+        path, _ = compile_shared_library(source, extra_flags, language)
         return ctypes.CDLL(str(path))
+
+
+# -- nvcc: generated CUDA compiled for a GPU (checked in CI, where there is none) ----------------
+
+NVCC_FLAGS = ["-x", "cu", "-std=c++17", "-O3", "-cubin", "-Xptxas", "-v"]
+
+
+@dataclass(frozen=True)
+class CudaResources:
+    """What ptxas reports for a kernel: per thread, registers, stack and spills; per block,
+    static shared memory."""
+    arch: str
+    kernel: str
+    registers: int
+    shared_bytes: int
+    stack_bytes: int
+    spill_bytes: int          # stores + loads
+    warnings: tuple[str, ...]  # every warning nvcc or ptxas printed
+
+
+def find_nvcc() -> str | None:
+    return shutil.which(os.environ.get("NVCC", "nvcc"))
+
+
+def compile_cuda(source: str, arch: str = "sm_90") -> list[CudaResources]:
+    """Compile `source` with nvcc for `arch` (a cubin, discarded) and read back each kernel's
+    resources. Raises CompilerNotFound without nvcc, RuntimeError if it fails."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise CompilerNotFound("nvcc not found (set NVCC, or install the CUDA toolkit)")
+    with tempfile.TemporaryDirectory(prefix="ct_nvcc_") as tmp:
+        src = Path(tmp) / "program.cu"
+        src.write_text(source)
+        result = subprocess.run([nvcc, *NVCC_FLAGS, f"-arch={arch}", str(src), "-o", str(Path(tmp) / "program.cubin")],
+                                capture_output=True, text=True)
+    output = result.stdout + result.stderr
+    if result.returncode != 0:
+        raise RuntimeError(f"nvcc failed for {arch}:\n{output[-4000:]}")
+    return _ptxas_resources(output, arch)
+
+
+def _ptxas_resources(output: str, arch: str) -> list[CudaResources]:
+    """Each entry function's line of ptxas's report: registers, and the stack its calls take
+    at most (cumulative) or its own frame; spills are the entry's own."""
+    warnings = tuple(line.strip() for line in output.splitlines() if "warning" in line.lower())
+    kernels, entries, current = [], set(), None
+    numbers: dict[str, int] = {}
+    for line in output.splitlines():
+        if m := re.search(r"Compiling entry function '(\S+)'", line):
+            entries.add(m.group(1))
+        elif m := re.search(r"Function properties for (\S+)", line):
+            current, numbers = (m.group(1) if m.group(1) in entries else None), {}
+        elif current and (m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                                         line)):
+            numbers["stack"], numbers["spill"] = int(m.group(1)), int(m.group(2)) + int(m.group(3))
+        elif current and (m := re.search(r"Used (\d+) registers", line)):
+            shared = re.search(r"(\d+) bytes smem", line)
+            stack = re.search(r"(\d+) bytes cumulative stack size", line)
+            kernels.append(CudaResources(arch, current, int(m.group(1)), int(shared.group(1)) if shared else 0,
+                                         int(stack.group(1)) if stack else numbers.get("stack", 0),
+                                         numbers.get("spill", 0), warnings))
+            current = None
+    return kernels

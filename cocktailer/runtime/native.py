@@ -56,6 +56,8 @@ class Entry:
                                       # arena_bytes (err[] holds their offsets after the sizes)
     frame_dynamic: tuple = ()         # the same after each frame's frame_bytes (err[]: their offsets, then
                                       # the frame's size)
+    lanes: int = 1                    # threads per worker that each keep the control flow's state
+                                      # (loop counters, frame slots): a CUDA block's
 
     def arena_layout(self, sizes: dict) -> tuple[list[int], int]:
         """For a call's sizes (Sym -> int): the byte offset of each dynamic value in the arena,
@@ -259,8 +261,8 @@ class CompiledProgram:
                 torch.empty(max(e.arena_bytes, 64), dtype=torch.uint8),
                 torch.empty(max(e.frame_bytes, 64) * self.max_depth * stacks, dtype=torch.uint8)
                 if e.frame_bytes else torch.empty(64, dtype=torch.uint8),
-                torch.empty(self.workers * frames * e.locals_per_frame, dtype=torch.int64),
-                torch.empty(self.workers * frames * SLOTS_PER_FRAME, dtype=torch.int64),
+                torch.empty(self.workers * e.lanes * frames * e.locals_per_frame, dtype=torch.int64),
+                torch.empty(self.workers * e.lanes * frames * SLOTS_PER_FRAME, dtype=torch.int64),
                 (ctypes.c_int64 * (ERR_SIZES + len(e.sizes) + len(e.dynamic) + len(e.frame_dynamic) + 1))())
         return scratch   # err[]: see ERR_CODE...; after the sizes, the dynamic offsets, then the frame's bytes
 

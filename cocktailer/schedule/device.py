@@ -32,3 +32,36 @@ class Device:
         workers = workers or len(os.sched_getaffinity(0))
         return Device("cpu", (UnitLevel("L0", "SIMD lane", simd_lanes), UnitLevel("L1", "worker thread", workers),
                               UnitLevel("L2", "native call", 1)))
+
+    @staticmethod
+    def cuda(blocks: int, threads: int) -> "Device":
+        """L0: a block's threads (its lanes); L1: the persistent kernel's blocks, one per vEU;
+        L2: one launch of the whole program."""
+        return Device("cuda", (UnitLevel("L0", "thread", threads), UnitLevel("L1", "thread block", blocks),
+                               UnitLevel("L2", "kernel launch", 1)))
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """What decides how many blocks of a kernel a GPU holds at once (its SMs' limits)."""
+    name: str
+    sms: int
+    registers_per_sm: int
+    threads_per_sm: int
+    blocks_per_sm: int
+    shared_per_sm: int        # bytes a block may have at most is a little less (not needed here)
+    shared_reserved: int = 1024   # bytes the runtime keeps per block (sm_80 and later)
+
+
+H100 = Gpu("H100 SXM", sms=132, registers_per_sm=65536, threads_per_sm=2048, blocks_per_sm=32,
+           shared_per_sm=228 * 1024)
+
+
+def resident_blocks_per_sm(gpu: Gpu, threads: int, registers: int, shared: int) -> int:
+    """Blocks of `threads` threads, `registers` per thread and `shared` bytes each that one SM
+    holds at once: registers are given out per warp in units of 256, shared memory per block."""
+    warps = -(-threads // 32)
+    per_warp = -(-registers * 32 // 256) * 256
+    by_registers = gpu.registers_per_sm // max(per_warp * warps, 1)
+    by_shared = gpu.shared_per_sm // (shared + gpu.shared_reserved)
+    return min(gpu.blocks_per_sm, gpu.threads_per_sm // (warps * 32), by_registers, by_shared)

@@ -61,7 +61,8 @@ class SimplePolicy:
 
     def __init__(self, config, excluded_waves: frozenset = frozenset()):
         self.config = config
-        self.device = Device.cpu(config.workers)
+        self.device = Device.cuda(config.workers, config.threads) if config.backend == "cuda" \
+            else Device.cpu(config.workers)
         self.excluded_waves = excluded_waves
         self.units = {level.name: level.count for level in self.device.unit_levels}
 

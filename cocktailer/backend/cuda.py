@@ -1,0 +1,57 @@
+"""The "cuda" backend: the cpu backend's uProgram rendered in the CUDA dialect, one persistent
+kernel with a block per worker (vEU) and the control flow inside (codegen/dialect.py `cuda`,
+codegen/ct_cuda.h).
+
+    CUDA_STAGES: blocks -> IR passes -> fuse -> memory plan -> placement -> render -> compile -> load
+
+What runs today is the CPU execution mode of the same source (`virtual_gpu=True`): a virtual
+GPU of `workers` blocks of `threads` threads, each an OS thread, compiled by the host's C++
+compiler; that is how every CUDA program is checked on machines without a GPU. Without it, the
+program runs on the cpu backend, with one warning: launching on a real GPU needs the runtime to
+bind device memory, which is not built yet (the launch itself is in ct_cuda.h and compiles with
+nvcc: `runtime.compiler.compile_cuda`)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from cocktailer.backend.config import Config
+from cocktailer.backend.cpu import build_cpu, ir_passes
+from cocktailer.backend.native import NATIVE_STAGES, Build, run_stages, unsupported_ops
+from cocktailer.backend.record import Record
+from cocktailer.errors import CocktailerError
+from cocktailer.ir import Program
+from cocktailer.runtime.native import CompiledProgram
+
+# Blocks of a virtual GPU when `workers` is not given: enough to exercise the grid barriers and
+# the splitting of work between blocks; its threads are OS threads, so more would only be slower.
+VIRTUAL_BLOCKS = 2
+
+
+class CudaUnsupported(CocktailerError):
+    """The cuda backend cannot compile this program (the message says what it lacks)."""
+
+
+def choose_blocks(b: Build) -> str:
+    """SetResource: a block per worker."""
+    if b.config.workers:
+        return f"{b.config.workers} (asked for)"
+    b.config = b.record.config = replace(b.config, workers=VIRTUAL_BLOCKS)
+    return f"{VIRTUAL_BLOCKS} blocks of the virtual GPU"
+
+
+CUDA_STAGES = [("blocks", choose_blocks), ("IR passes", ir_passes), *NATIVE_STAGES]
+
+
+def build_cuda(program: Program, config: Config, record: Record) -> CompiledProgram:
+    if not config.virtual_gpu:
+        record.notices.append("the cuda backend does not run on a GPU yet (its programs run on a virtual GPU: "
+                              "options virtual_gpu=True); running the cpu backend instead")
+        return build_cpu(program, replace(config, backend="cpu"), record)
+    missing = unsupported_ops(program)
+    if missing:
+        raise CudaUnsupported(f"the cuda backend has no kernel for: {'; '.join(missing)}")
+    if config.policy != "simple":
+        record.notices.append("the cuda backend places by the simple policy only; the measured one was not run")
+    build = Build(program, replace(config, policy="simple"), record)
+    run_stages(CUDA_STAGES, build)
+    return build.parts[0].compiled

@@ -1,0 +1,251 @@
+"""The cuda backend without a GPU: the generated CUDA runs in its CPU execution mode (a virtual
+GPU, ct_cuda.h: one OS thread per CUDA thread, real barriers) and is compared with eager; nvcc
+compiles the same source for sm_80 and sm_90 without a warning, and the resources it reports
+say whether the persistent grid fits on an H100."""
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import cocktailer
+from cocktailer import models
+from cocktailer.codegen.dialect import cuda
+from cocktailer.runtime.compiler import compile_cuda, find_cxx_compiler, find_nvcc
+from cocktailer.schedule.device import H100, resident_blocks_per_sm
+
+try:
+    from tests.test_constructs_recursion import RAE, seeded, zoo_inputs
+    from tests.test_wavefront import args, one_side_first, two_branches
+    from tests.utils import assert_same
+except ImportError:  # tests/ on sys.path instead of the repository root
+    from test_constructs_recursion import RAE, seeded, zoo_inputs
+    from test_wavefront import args, one_side_first, two_branches
+    from utils import assert_same
+
+pytestmark = pytest.mark.skipif(find_cxx_compiler() is None, reason="no C++ compiler")
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="no nvcc")
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def virtual(blocks: int = 2, threads: int = 4, **options) -> dict:
+    return {"virtual_gpu": True, "workers": blocks, "threads": threads, **options}
+
+
+def source_of(compiled) -> str:
+    (_, executable), = compiled.cache.values()
+    return executable.record.source
+
+
+def loop_branch(x, w, n: int):
+    h = x
+    for _ in range(n):
+        h = torch.tanh(h @ w) + x
+        if h.sum() > 0:
+            h = h * 2
+        else:
+            h = h - 1
+    return h.softmax(-1)
+
+
+def halve_until_small(x):
+    while x.norm() > 1.0:
+        x = x * 0.5
+    return x
+
+
+def gather_rows(table, index):
+    return table[index].sum(0)
+
+
+class Cell(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 32)
+        self.rec = nn.Linear(32, 32, bias=False)
+
+    def forward(self, xs, h):
+        for i in range(xs.shape[0]):
+            h = torch.tanh(self.lin(xs[i]) + self.rec(h))
+        return h
+
+
+def _cases():
+    torch.manual_seed(0)
+    w = torch.randn(24, 24) / 5
+    cell = Cell().eval()
+    return {
+        "loop and branch": (loop_branch, [(torch.randn(40, 24), w, 3), (-torch.rand(40, 24), w, 3)]),
+        "while on a value": (halve_until_small, [(torch.randn(300) * 8,), (torch.randn(300) / 100,)]),
+        "dynamic index": (gather_rows, [(torch.randn(50, 33), torch.tensor([3, 7, 7, 49]))]),
+        "recurrent cell": (cell, [(torch.randn(6, 3, 16), torch.zeros(3, 32))]),
+    }
+
+
+@pytest.mark.parametrize("blocks,threads", [(1, 1), (2, 4), (3, 5), (4, 32)])
+@pytest.mark.parametrize("name", list(_cases()))
+def test_the_virtual_gpu_matches_eager(name, blocks, threads):
+    fn, input_sets = _cases()[name]
+    fast = cocktailer.compile(fn, input_sets[0], backend="cuda", options=virtual(blocks, threads))
+    for inputs in input_sets:
+        with torch.no_grad():
+            expected = fn(*inputs)
+            for _ in range(3):   # a race between blocks or lanes shows as results that differ between calls
+                assert_same(fast(*inputs), expected, RTOL, ATOL)
+
+
+def test_recursion_runs_on_the_simulated_stack_of_every_block():
+    model = seeded(RAE)
+    instances = zoo_inputs()
+    fast = cocktailer.compile(model, instances[0], backend="cuda", options=virtual(2, 8))
+    assert "goto fn_" in source_of(fast)   # a recursive function on the explicit stack, not native recursion
+    for inputs in instances:
+        with torch.no_grad():
+            assert_same(fast(*inputs), model(*inputs), RTOL, ATOL)
+
+
+def test_calls_fan_out_to_groups_of_blocks():
+    w = models.make("treefc", batch=2, size="small", seed=1)
+    fast = cocktailer.compile(w.model, w.inputs, backend="cuda", options=virtual(4, 4, fan_out=True))
+    (_, executable), = fast.cache.values()
+    assert executable.record.uprogram.fans_out
+    with torch.no_grad():
+        assert_same(fast(*w.inputs), w.model(*w.inputs), RTOL, ATOL)
+
+
+@pytest.mark.parametrize("fn,shapes", [(two_branches, ((256, 64), (64, 64), (64, 64), (64, 8))),
+                                       (one_side_first, ((8, 64), (64, 64), (64, 64)))])
+def test_waves_side_by_side_and_step_barriers_run_across_blocks(fn, shapes):
+    fast = cocktailer.compile(fn, args(*shapes), backend="cuda",
+                              options=virtual(2, 4, wavefront=True, measure_waves=False))
+    (_, executable), = fast.cache.values()
+    up = executable.record.uprogram
+    assert up.co_scheduled and (up.fine_barriers or fn is two_branches)
+    for seed in (3, 4):
+        inputs = args(*shapes, seed=seed)
+        assert_same(fast(*inputs), fn(*inputs), RTOL, ATOL)
+
+
+def test_symbolic_sizes_run_on_the_virtual_gpu():
+    fast = cocktailer.compile(loop_branch, backend="cuda", options=virtual(2, 4), dynamic=True)
+    w = torch.randn(24, 24) / 5
+    for rows in (5, 17, 64):
+        x = torch.randn(rows, 24)
+        assert_same(fast(x, w, 2), loop_branch(x, w, 2), RTOL, ATOL)
+    assert len(fast.cache) == 1
+
+
+def test_a_fault_ends_every_block_with_the_error():
+    fast = cocktailer.compile(gather_rows, (torch.randn(50, 33), torch.tensor([1])), backend="cuda",
+                              options=virtual(3, 4))
+    with pytest.raises(cocktailer.CompiledCallError, match="out of range|out of bounds"):
+        fast(torch.randn(50, 33), torch.tensor([1, 50]))
+    table = torch.randn(50, 33)   # and the program still runs afterwards
+    assert_same(fast(table, torch.tensor([0, 2])), gather_rows(table, torch.tensor([0, 2])), RTOL, ATOL)
+    spin = cocktailer.compile(halve_until_small, (torch.ones(4),), backend="cuda",
+                              options=virtual(2, 4, max_iterations=10))
+    with pytest.raises(cocktailer.CompiledCallError, match="iterations"):
+        spin(torch.full((4,), 1e30))
+
+
+def test_without_a_virtual_gpu_the_program_runs_on_the_cpu_backend_with_one_warning():
+    x, w = torch.randn(4, 24), torch.randn(24, 24) / 5
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fast = cocktailer.compile(loop_branch, (x, w, 2), backend="cuda")
+        assert_same(fast(x, w, 2), loop_branch(x, w, 2), RTOL, ATOL)
+    assert [str(c.message) for c in caught if "cuda backend" in str(c.message)][:1]
+    (_, executable), = fast.cache.values()
+    assert executable.record.config.backend == "cpu"
+
+
+def half_and_back(x):
+    return (x.to(torch.float16) * 2).float()
+
+
+def test_an_op_without_a_kernel_is_refused_by_name():
+    with pytest.raises(cocktailer.CocktailerError, match=r"cuda backend has no kernel for: .*f16"):
+        cocktailer.compile(half_and_back, (torch.randn(4),), backend="cuda", options=virtual())
+
+
+# ------------------------------------------------------------------ the source and its rules
+
+# CUDA's own spellings: outside ct_cuda.h, a generated program must not use any of them
+_CUDA_WORDS = re.compile(r"__syncthreads|__global__|__device__|__shared__|threadIdx|blockIdx|blockDim|gridDim|"
+                         r"atomic[A-Z]\w*|__threadfence|cudaLaunch|cuda::|__nanosleep")
+# state shared by blocks: the grid's barriers, the step array, the error code and preemption count
+_SHARED = r"(?:b->(?:gen|count)|(?:ct_)?steps\[[^\]]*\]|err\[[01]\])"
+_SHARED_STATE = re.compile(_SHARED)
+_THROUGH_ATOMICS = re.compile(r"CT_(?:LOAD_ACQUIRE|LOAD_RELAXED|STORE_RELEASE|STORE_RELAXED|ADD_FETCH)\(\s*&?\s*" + _SHARED)
+
+
+def _program_text(source: str) -> str:
+    """The generated program without the header (everything from the first helper on)."""
+    return source[source.index("#define CT_SUB("):]
+
+
+def _sample_sources() -> dict[str, str]:
+    sources = {}
+    for name, (fn, input_sets) in _cases().items():
+        sources[name] = source_of(cocktailer.compile(fn, input_sets[0], backend="cuda", options=virtual()))
+    model = seeded(RAE)
+    sources["recursion"] = source_of(cocktailer.compile(model, zoo_inputs()[0], backend="cuda", options=virtual()))
+    sources["waves"] = source_of(cocktailer.compile(one_side_first, args((8, 64), (64, 64), (64, 64)), backend="cuda",
+                                                    options=virtual(2, 4, wavefront=True, measure_waves=False)))
+    w = models.make("treefc", batch=2, size="small", seed=1)
+    sources["fan-out"] = source_of(cocktailer.compile(w.model, w.inputs, backend="cuda", options=virtual(4, 4, fan_out=True)))
+    return sources
+
+
+@pytest.fixture(scope="module")
+def sources() -> dict[str, str]:
+    return _sample_sources()
+
+
+def test_only_the_header_spells_cuda(sources):
+    for name, source in sources.items():
+        found = _CUDA_WORDS.findall(_program_text(source))
+        assert not found, f"{name}: {sorted(set(found))} outside ct_cuda.h"
+
+
+def test_state_shared_by_blocks_is_only_touched_through_atomics(sources):
+    for name, source in sources.items():
+        text = _program_text(source)
+        plain = len(_SHARED_STATE.findall(text)) - len(_THROUGH_ATOMICS.findall(text))
+        assert plain == 0, f"{name}: {plain} plain accesses to state shared by blocks"
+        assert _THROUGH_ATOMICS.search(text)   # the check sees them at all
+
+
+def test_virtual_gpu_lanes_split_a_worker_share_exactly():
+    # ck_range's shares nest: a block's lanes together take the share its worker would take
+    def share(n, w, W):
+        return n * w // W, n * (w + 1) // W
+    for n in (0, 1, 7, 64, 1000):
+        for blocks, lanes in ((1, 1), (2, 4), (3, 5), (4, 32)):
+            for w in range(blocks):
+                parts = [share(n, w * lanes + l, blocks * lanes) for l in range(lanes)]
+                assert (parts[0][0], parts[-1][1]) == share(n, w, blocks)
+                assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvcc_compiles_every_sample_without_a_warning_and_the_grid_fits(sources, arch):
+    for name, source in sources.items():
+        (kernel,) = compile_cuda(source, arch)
+        assert kernel.kernel == "cocktailer_run_kernel"
+        assert not kernel.warnings, f"{name} on {arch}: {kernel.warnings}"
+        assert 0 < kernel.registers <= 255
+        threads = cuda().threads
+        per_sm = resident_blocks_per_sm(H100, threads, kernel.registers, kernel.shared_bytes)
+        assert per_sm >= 1, f"{name}: a block of {threads} threads does not fit on an SM"
+
+
+def test_resident_blocks_follow_registers_threads_and_shared_memory():
+    assert resident_blocks_per_sm(H100, 32, 64, 0) == 32                 # the per-SM block limit
+    assert resident_blocks_per_sm(H100, 1024, 32, 0) == 2               # threads
+    assert resident_blocks_per_sm(H100, 256, 128, 0) == 2               # 128 x 256 registers of 64K
+    assert resident_blocks_per_sm(H100, 128, 32, 100 * 1024) == 2       # shared memory
