@@ -174,6 +174,22 @@ static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
 }
 #endif
 
+/* What one call did, for reports without a GPU (bench/cuda_report.py): operators run, bytes
+   they and the copies read and write, grid barriers, fine-grained steps. Counted on the virtual
+   GPU only, once per event (by its team's first worker's lane 0); read and reset by
+   ct_tallies. */
+enum { CT_T_OPERATORS, CT_T_BYTES, CT_T_BARRIERS, CT_T_STEPS, CT_TALLIES };
+static int64_t ct_tally[CT_TALLIES];
+#ifdef __CUDACC__
+#define CT_TALLY(counts, k, n) ((void)0)
+#else
+#define CT_TALLY(counts, k, n) ((counts) && CT_LANE == 0 ? (void)__atomic_add_fetch(&ct_tally[k], (n), __ATOMIC_RELAXED) \
+                                                         : (void)0)
+#endif
+CT_HOST void ct_tallies(int64_t* out) {
+  for (int k = 0; k < CT_TALLIES; ++k) { out[k] = ct_tally[k]; ct_tally[k] = 0; }
+}
+
 #define CT_LOAD_ACQUIRE(p) ct_load_acquire((int64_t*)(p))
 #define CT_LOAD_RELAXED(p) ct_load_relaxed((int64_t*)(p))
 #define CT_STORE_RELEASE(p, v) ct_store_release((int64_t*)(p), (v))

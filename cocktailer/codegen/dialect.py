@@ -47,6 +47,7 @@ class Dialect:
     threads: int = 1                # lanes per worker that each run the control flow (CUDA threads)
     launched: bool = False          # the entry is a kernel (`<entry>_kernel`) and a host function launching it
     engine: bool = True             # the kernels may use the GEMM engine (KernelContext.engine)
+    tally: str = ""                 # counts an event ({counts}: whether this worker counts it) for reports
 
     def simd(self, *reductions: str) -> str:
         """The annotation of a vector loop, with reductions such as "+:acc"."""
@@ -121,7 +122,7 @@ _CUDA = Dialect(
     parallel_begin="",
     worker_ids="const int ct_gw = CT_BLOCK; int w = ct_gw, W = CT_BLOCKS; "
                "const int64_t ct_gt = (int64_t)ct_gw * CT_LANES + CT_LANE;",
-    barrier="if (CT_LEAD(ct_wait(ct_team, W, err))) goto ct_fail;",
+    barrier="CT_TALLY(w == 0, CT_T_BARRIERS, 1); if (CT_LEAD(ct_wait(ct_team, W, err))) goto ct_fail;",
     simd_pragma="",
     preemptions=("", ""),   # a GPU's blocks are not preempted by other processes
     kernel_prefix="CT_DEVICE CT_NOINLINE static",
@@ -131,6 +132,7 @@ _CUDA = Dialect(
     state_index="ct_gt",
     launched=True,
     engine=False,
+    tally="CT_TALLY({counts}, {kind}, {amount});",
 )
 
 # Synchronization and copies every target shares, written with the dialect's primitives.

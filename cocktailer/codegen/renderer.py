@@ -170,11 +170,20 @@ class Renderer:
             lo, hi = item.group
             call = "w >= {} && w < {} && {}({}{}, {}, err)".format(lo, hi, function, pointers,
                                                                   *self.d.shares(f"w - {lo}", f"{hi - lo}"))
+        counts = "w == 0" if item.group is None else f"w == {item.group[0]}"   # its first worker counts it
+        self.tally(counts, "CT_T_OPERATORS", 1)
+        self.tally(counts, "CT_T_BYTES", " + ".join(self.nbytes(v.type) for v in (*op.operands, *op.results)) or "0")
         self.emit(f"if ({self.d.every.format(call)}) goto ct_fail;{loc}")
         self.signatures[function] = len(args)
 
+    def tally(self, counts: str, kind: str, amount):
+        """Count an event for reports (the dialect's tally; the CPU one counts nothing)."""
+        if self.d.tally:
+            self.emit(self.d.tally.format(counts=counts, kind=kind, amount=amount))
+
     def sync(self, item: Sync):
         """Publish this worker's step, then wait for the workers it depends on to reach it."""
+        self.tally("ct_gw == 0", "CT_T_STEPS", 1)   # every worker passes every step
         self.emit("ct_step++; " + self.d.by_lead("CT_STORE_RELEASE(&ct_steps[ct_gw * CT_STEP_STRIDE], ct_step)"))
         cases = []
         for w, on in item.waits.items():
@@ -195,6 +204,7 @@ class Renderer:
         """Copy (dst, src, nbytes) triples, each worker its share, then a barrier."""
         for dst, src, n in pairs:
             if n != "0":
+                self.tally("w == 0", "CT_T_BYTES", f"2 * ({n})")
                 self.emit("ct_copy({}, {}, {}, {}, {});".format(dst, src, n, *self.d.shares("w", "W")))
         self.emit(self.d.barrier)
 
