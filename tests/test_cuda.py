@@ -20,8 +20,10 @@ from cocktailer.schedule.device import H100, resident_blocks_per_sm
 try:
     from tests.test_constructs_recursion import RAE, seeded, zoo_inputs
     from tests.test_wavefront import args, one_side_first, two_branches
+    from tests.cuda_replay import replay
     from tests.utils import assert_same
 except ImportError:  # tests/ on sys.path instead of the repository root
+    from cuda_replay import replay
     from test_constructs_recursion import RAE, seeded, zoo_inputs
     from test_wavefront import args, one_side_first, two_branches
     from utils import assert_same
@@ -97,6 +99,17 @@ def test_the_virtual_gpu_matches_eager(name, blocks, threads):
                 assert_same(fast(*inputs), expected, RTOL, ATOL)
 
 
+@pytest.mark.parametrize("name", ["loop and branch", "while on a value"])
+def test_lanes_that_yield_at_random_still_agree(name, monkeypatch):
+    monkeypatch.setenv("COCKTAILER_SHAKE", "1")   # ct_cuda.h: random yields before barriers and in spins
+    fn, input_sets = _cases()[name]
+    fast = cocktailer.compile(fn, input_sets[0], backend="cuda", options=virtual(3, 4))
+    with torch.no_grad():
+        for inputs in input_sets:
+            for _ in range(3):
+                assert_same(fast(*inputs), fn(*inputs), RTOL, ATOL)
+
+
 def test_recursion_runs_on_the_simulated_stack_of_every_block():
     model = seeded(RAE)
     instances = zoo_inputs()
@@ -151,6 +164,25 @@ def test_a_fault_ends_every_block_with_the_error():
         spin(torch.full((4,), 1e30))
 
 
+def test_the_virtual_gpu_counts_what_a_call_did():
+    import ctypes
+    fast = cocktailer.compile(halve_until_small, (torch.ones(4),), backend="cuda", options=virtual(2, 4))
+    (_, executable), = fast.cache.values()
+    read = ctypes.CDLL(executable.library).ct_tallies
+    counts = (ctypes.c_int64 * 4)()
+
+    def tallies(k):   # 2 ** (k + 1) halves to 1 in k + 1 iterations
+        fast(torch.full((4,), 2.0 ** k))
+        read(counts)
+        return list(counts)
+    read(counts)
+    t3, t4, t5 = tallies(3), tallies(4), tallies(5)
+    per_iteration = [b - a for a, b in zip(t3, t4)]
+    assert [b - a for a, b in zip(t3, t5)] == [2 * d for d in per_iteration]
+    operators, nbytes, barriers, steps = per_iteration
+    assert operators > 0 and nbytes >= 4 * 4 * 2 and barriers > 0 and steps == 0
+
+
 def test_without_a_virtual_gpu_the_program_runs_on_the_cpu_backend_with_one_warning():
     x, w = torch.randn(4, 24), torch.randn(24, 24) / 5
     with warnings.catch_warnings(record=True) as caught:
@@ -169,6 +201,23 @@ def half_and_back(x):
 def test_an_op_without_a_kernel_is_refused_by_name():
     with pytest.raises(cocktailer.CocktailerError, match=r"cuda backend has no kernel for: .*f16"):
         cocktailer.compile(half_and_back, (torch.randn(4),), backend="cuda", options=virtual())
+
+
+@pytest.mark.parametrize("name", ["loop and branch", "recurrent cell"])
+def test_thread_sanitizer_finds_no_race_in_a_replayed_call(name, tmp_path):
+    fn, input_sets = _cases()[name]
+    fast = cocktailer.compile(fn, input_sets[0], backend="cuda", options=virtual(2, 4))
+    (_, executable), = fast.cache.values()
+    with torch.no_grad():
+        outputs, code, report = replay(executable, executable.record.source, list(_tensors(input_sets[0])), tmp_path)
+        expected = fn(*input_sets[0])
+    assert outputs is not None and "ThreadSanitizer" not in report, report[-6000:]
+    assert code == 0
+    assert_same(outputs[0], expected, RTOL, ATOL)
+
+
+def _tensors(args):
+    return [a for a in args if isinstance(a, torch.Tensor)]
 
 
 # ------------------------------------------------------------------ the source and its rules
