@@ -7,7 +7,8 @@ buffers) as eager does, on several input sets that take different paths; or it i
 with an UnsupportedError at the program's own line. Never a different answer, never another
 exception. `python tests/fuzz/run.py --minutes N` runs the same for as long as asked, on new
 seeds and every configuration (the measured policy too), minimizing each failure into a
-stand-alone reproducer.
+stand-alone reproducer; `--also cuda-virtual` adds the cuda backend's virtual GPU, which
+seven seeds here run too.
 """
 import collections
 
@@ -84,6 +85,20 @@ def test_sentence_programs_batched_agree_with_eager_per_instance():
             if outcome.status in ("mismatch", "crash", "invalid"):
                 failures.append(f"seed {seed} [{config}] {outcome.status}: {outcome.detail[:2000]}")
     assert not failures, "\n\n".join(failures)
+
+
+CUDA_SEEDS = range(1, 100, 16)   # the cuda backend's programs on a virtual GPU: seven of the seeds
+
+
+def test_programs_agree_with_eager_on_the_virtual_gpu():
+    failures, verdicts = [], collections.Counter()
+    for seed in CUDA_SEEDS:
+        outcome = check(generate(seed), "cuda-virtual")
+        verdicts[outcome.status] += 1
+        if outcome.status in ("mismatch", "crash"):
+            failures.append(f"seed {seed} [cuda-virtual] {outcome.status}: {outcome.detail[:2000]}")
+    assert not failures, "\n\n".join(failures)
+    assert verdicts["ok"] >= len(CUDA_SEEDS) // 2, dict(verdicts)
 
 
 def test_a_reproducer_runs_on_its_own(tmp_path):

@@ -5,6 +5,7 @@ Only the public API is used here: `cocktailer.compile`, `cocktailer.capture`.
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Any, Callable, Iterable, Sequence
 
@@ -97,10 +98,17 @@ NATIVE_RTOL, NATIVE_ATOL = 1e-4, 1e-5
 NATIVE_REPEATS = 8
 
 
+# COCKTAILER_TEST_CUDA=1: assert_matches_eager also runs every program on the cuda backend's
+# virtual GPU (its CPU execution mode), 2 blocks of 4 threads; minutes more, so not in CI's run
+VIRTUAL_GPU = {"virtual_gpu": True, "workers": 2, "threads": 4}
+
+
 def _configs(backend: str | None) -> list[tuple[str, bool | None]]:
     """Each backend twice: as users compile by default, and with every size dynamic (symbolic
     from the first call, or specialized where the program needs it as a number)."""
-    return [(name, dynamic) for name in ([backend] if backend else backends_under_test()) for dynamic in (None, True)]
+    names = [backend] if backend else backends_under_test() + (["cuda"] if os.environ.get("COCKTAILER_TEST_CUDA") == "1"
+                                                               else [])
+    return [(name, dynamic) for name in names for dynamic in (None, True)]
 
 
 def assert_matches_eager(
@@ -123,7 +131,8 @@ def assert_matches_eager(
         model_or_fn.eval()
     compiled = []
     for name, dynamic in _configs(backend):
-        fast = cocktailer.compile(model_or_fn, example_inputs=_clone(input_sets[0]), backend=name, dynamic=dynamic)
+        fast = cocktailer.compile(model_or_fn, example_inputs=_clone(input_sets[0]), backend=name, dynamic=dynamic,
+                                  options=VIRTUAL_GPU if name == "cuda" else None)
         native = name != "reference"
         name += " dynamic" if dynamic else ""
         tol = (max(rtol, NATIVE_RTOL), max(atol, NATIVE_ATOL)) if native else (rtol, atol)

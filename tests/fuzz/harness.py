@@ -19,6 +19,7 @@ import torch
 
 import cocktailer
 from cocktailer import settings
+from cocktailer.backend.cuda import CudaUnsupported
 from cocktailer.batching import Techniques
 from fuzz.gen import FuzzNode, Program
 
@@ -50,10 +51,13 @@ CONFIGS = {
     "batch-ragged": ("batch", {}),
     "batch-ragged-torch": ("batch", {"native_blocks": False, "native_inspector": False, "level_programs": False,
                                      "level_loop": False, "loop_programs": False}),
+    # the cuda backend's program on a virtual GPU (its CPU execution mode): not sampled, asked for
+    # (run.py --also cuda-virtual; tests/test_fuzz.py on a few seeds)
+    "cuda-virtual": ("cuda", {"virtual_gpu": True, "workers": 2, "threads": 4}),
 }
 RAGGED = {"batch-ragged", "batch-ragged-torch"}
 DYNAMIC = {"cpu-dynamic", "reference-dynamic"}
-NATIVE = [name for name, (backend, _) in CONFIGS.items() if backend not in ("reference", "batch")]
+NATIVE = [name for name, (backend, _) in CONFIGS.items() if backend not in ("reference", "batch", "cuda")]
 WEIGHTS = {"cpu-measured": 0.3, "host-nested": 0.5}   # the slow ones, less often
 INPUT_SETS = 3
 BATCH_SETS = 6
@@ -116,6 +120,8 @@ def check(program: Program, config: str, sets: int = INPUT_SETS, max_iterations:
                                       dynamic=True if config in DYNAMIC else None)
     except cocktailer.UnsupportedError as e:
         return Outcome(program.seed, config, "refused", str(e), refusal_kind(e))
+    except CudaUnsupported as e:
+        return Outcome(program.seed, config, "refused", str(e), "no cuda kernel")
     except Exception as e:
         return Outcome(program.seed, config, "crash", "compiling: " + _trace(e))
     for k, args in enumerate(inputs):

@@ -2,6 +2,7 @@
 
     python tests/fuzz/run.py --minutes 10                 # seeds from a random start, 2 workers
     python tests/fuzz/run.py --programs 5000 --jobs 2 --start 100000 --out fuzz-results
+    python tests/fuzz/run.py --minutes 10 --also cuda-virtual   # and each on the cuda backend's virtual GPU
 
 Each program (see gen.py) runs on the reference backend and on `--native` sampled native
 configurations (see harness.CONFIGS), on several input sets, compared with eager on results
@@ -60,6 +61,8 @@ def _parse(argv):
     p.add_argument("--start", type=int, default=None, help="first seed (default: random)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes")
     p.add_argument("--native", type=int, default=1, help="native configurations per program")
+    p.add_argument("--also", action="append", default=[], metavar="CONFIG",
+                   help="a configuration every program also runs (harness.CONFIGS: cuda-virtual)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds one program may take (then: a hang)")
     p.add_argument("--out", default="fuzz-results", help="where reproducers and summary.json go")
     p.add_argument("--no-minimize", action="store_true", help="write failing programs as they are")
@@ -100,12 +103,12 @@ class Worker:
             pass
 
 
-def _jobs(seeds, native: int):
+def _jobs(seeds, native: int, also: list[str]):
     """(seed, configuration) pairs, a program's configurations one after the other."""
     from fuzz.harness import configs_for
     for seed in seeds:
         # its input sets as instances of a batch; and a program over sentences of different lengths
-        configs = configs_for(seed, native) + ["batch", "batch-torch", "batch-ragged", "batch-ragged-torch"]
+        configs = configs_for(seed, native) + ["batch", "batch-torch", "batch-ragged", "batch-ragged-torch"] + also
         for config in configs:
             yield {"check": seed, "config": config, "of": len(configs)}
 
@@ -114,7 +117,7 @@ def _drive(workers, seeds, deadline, args, report):
     selector = selectors.DefaultSelector()
     for w in workers:
         selector.register(w.proc.stdout, selectors.EVENT_READ, w)
-    jobs, finished = _jobs(seeds, args.native), False
+    jobs, finished = _jobs(seeds, args.native, args.also), False
     pending: dict[int, list] = {}   # seed -> outcomes so far
 
     def done(job, outcome):
