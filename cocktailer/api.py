@@ -117,7 +117,10 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     sample's sizes and that one runs calls of exactly those sizes where it measured faster; `steps`
     limits its search to some of `cocktailer.backend.config.STEPS`. The "host" backend takes
     `native_from=d`: control-flow constructs nested at least d deep in their function (0: all)
-    run inside its native blocks, where every op they control has a native kernel.
+    run inside its native blocks, where every op they control has a native kernel. The "cuda"
+    backend takes `virtual_gpu=True` (run the generated CUDA on a virtual GPU, its CPU
+    execution mode: `workers` blocks of `threads` threads, default 2 x 32); without it, the
+    program runs on the cpu backend with one warning.
     """
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(['auto', *BACKENDS])}")
