@@ -30,6 +30,10 @@ def build(program: Program, config: Config, samples: list[list[torch.Tensor]] | 
     """The executable for `program` under `config` (its `.record` says how it was built).
     `samples`: input tensors the measured policy times candidates on."""
     if program.device.type != "cpu":
+        if config.backend == "cuda":
+            raise BackendUnavailable(f"the cuda backend does not launch on a GPU yet (no device memory is bound): "
+                                     f"these tensors are on {program.device}; its programs run on a virtual GPU, "
+                                     "with CPU tensors and options virtual_gpu=True")
         raise BackendUnavailable(f"the {config.backend} backend runs CPU tensors; these are on {program.device}")
     record = Record(config)
     if config.backend == "cuda":

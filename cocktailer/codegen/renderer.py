@@ -170,9 +170,10 @@ class Renderer:
             lo, hi = item.group
             call = "w >= {} && w < {} && {}({}{}, {}, err)".format(lo, hi, function, pointers,
                                                                   *self.d.shares(f"w - {lo}", f"{hi - lo}"))
-        counts = "w == 0" if item.group is None else f"w == {item.group[0]}"   # its first worker counts it
-        self.tally(counts, "CT_T_OPERATORS", 1)
-        self.tally(counts, "CT_T_BYTES", " + ".join(self.nbytes(v.type) for v in (*op.operands, *op.results)) or "0")
+        if self.d.tally:   # (a host backend's block cannot always spell its operands' sizes)
+            counts = "w == 0" if item.group is None else f"w == {item.group[0]}"   # its first worker counts it
+            self.tally(counts, "CT_T_OPERATORS", 1)
+            self.tally(counts, "CT_T_BYTES", " + ".join(self.nbytes(v.type) for v in (*op.operands, *op.results)))
         self.emit(f"if ({self.d.every.format(call)}) goto ct_fail;{loc}")
         self.signatures[function] = len(args)
 
@@ -418,7 +419,6 @@ class Renderer:
             functions.append(f"{d.kernel_prefix} int {name}({params}int w, int W, int64_t* err) {{\n"
                              f"{body}\nreturn 0;\n}}")
         return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry, self.prepacked)
-
 
     def _launcher(self):
         """The entry point on the host: one launch of the kernel, a block per worker (`nw`),

@@ -5,8 +5,8 @@ packed GEMM of gemm.py with a B packer that builds the im2col panel on the fly f
 (padding as zeros), so no im2col buffer exists. A 1x1, stride-1, unpadded conv packs the image
 itself. With AVX-512, stride-1 convs whose output rows are as wide as the input's (3x3 pad 1
 and the like) skip B packing altogether: `ck_sconv` reads each tap's pixels in place with
-masked loads (gemm.py). Bias is added by the micro-kernel. float64 runs a direct loop nest, and so does float32 without
-the GEMM engine (`KernelContext.engine`: the CUDA dialect's kernels).
+masked loads (gemm.py). Bias is added by the micro-kernel. float64 runs a direct loop nest,
+and so does float32 without the GEMM engine (`KernelContext.engine`: the CUDA dialect's).
 Convs on 1x1 images (pointwise, fewer than 16 pixels) are dot products.
 
 Pools follow ATen's CPU kernels: max propagates NaN; avg divides by the window clipped to the

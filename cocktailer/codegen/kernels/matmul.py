@@ -154,9 +154,10 @@ def render_matmul(op: Operation, ctx: KernelContext) -> str:
     if K == 0:
         return block(*head, split(ctx, product(nb, M, N), 16),
                      "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_c[k_i] = 0;")
-    if dt is not torch.float32 or not (ctx.engine or isinstance(N, int) and N < 16):
+    narrow_n = isinstance(N, int) and N < 16
+    if dt is not torch.float32 or not (ctx.engine or narrow_n):   # no GEMM engine: its dot products, else loops
         return block(*head, *_generic(dt, nb, M, K, N, a_off, b_off, ctx))
-    if isinstance(N, int) and N < 16:
+    if narrow_n:
         return block(*head, *narrow(nb, M, K, N, a_off, b_off, ctx))
     if isinstance(M, int) and M <= GEMV_ROWS:
         return block(*head, *_gemv(nb, M, K, N, a_off, b_off, ctx))
