@@ -8,6 +8,7 @@
      CT_GLOBAL, CT_DEVICE             a kernel entry, a function called on the device
      CT_NOINLINE                      an operator's function: called, not inlined into the kernel
                                       (ptxas's time and the kernel's registers grow with its size)
+     CT_LARGE_SKELETON                a kernel too long to optimize (the virtual GPU compiles it at -O0)
      CT_BLOCK, CT_BLOCKS, CT_LANE, CT_LANES   this block and the grid's, this thread and the block's
      ct_block_any(x)                  block barrier; true on every lane if x was true on any
      CT_LOAD_ACQUIRE ... CT_ADD_FETCH atomics on int64_t shared by blocks (device scope)
@@ -49,6 +50,7 @@ typedef void (*ct_kernel)(ct_args);
 #define CT_GLOBAL extern "C" __global__
 #define CT_DEVICE __device__
 #define CT_NOINLINE __noinline__
+#define CT_LARGE_SKELETON
 #define CT_BLOCK ((int)blockIdx.x)
 #define CT_BLOCKS ((int)gridDim.x)
 #define CT_LANE ((int)threadIdx.x)
@@ -89,6 +91,9 @@ static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
 #define CT_GLOBAL static
 #define CT_DEVICE
 #define CT_NOINLINE __attribute__((noinline))
+/* a kernel of tens of thousands of lines (a recursion's many call sites): optimizing it takes
+   the C++ compiler minutes and gigabytes, for a few instructions per operator call */
+#define CT_LARGE_SKELETON __attribute__((optimize("O0")))
 #define CT_HOST extern "C"
 typedef struct {
   pthread_barrier_t bar;

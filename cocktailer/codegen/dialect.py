@@ -48,6 +48,7 @@ class Dialect:
     launched: bool = False          # the entry is a kernel (`<entry>_kernel`) and a host function launching it
     engine: bool = True             # the kernels may use the GEMM engine (KernelContext.engine)
     tally: str = ""                 # counts an event ({counts}: whether this worker counts it) for reports
+    large_skeleton: str = '__attribute__((optimize("O0")))'   # qualifies an entry too long to optimize
 
     def simd(self, *reductions: str) -> str:
         """The annotation of a vector loop, with reductions such as "+:acc"."""
@@ -133,6 +134,7 @@ _CUDA = Dialect(
     launched=True,
     engine=False,
     tally="CT_TALLY({counts}, {kind}, {amount});",
+    large_skeleton="CT_LARGE_SKELETON",
 )
 
 # Synchronization and copies every target shares, written with the dialect's primitives.

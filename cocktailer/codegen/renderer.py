@@ -411,8 +411,8 @@ class Renderer:
         else:
             self.emit("  return err[0];")
             self.emit("}")
-        if len(self.lines) > SKELETON_OPTIMIZE_LINES and not d.launched:
-            self.lines[0] = '__attribute__((optimize("O0"))) ' + self.lines[0]
+        if len(self.lines) > SKELETON_OPTIMIZE_LINES:
+            self.lines[0] = f"{d.large_skeleton} {self.lines[0]}"
         functions = []
         for body, name in self.kernels.items():
             params = "".join(f"char* a{k}, " for k in range(self.signatures[name]))
