@@ -18,6 +18,7 @@ from cocktailer.ir.analysis import has_independent_calls, independent_call_runs
 from cocktailer.passes.calls import gather_independent_calls
 from cocktailer.reference import ReferenceExecutor
 from cocktailer.runtime import find_compiler
+from cocktailer.schedule import policy
 from cocktailer.schedule.memory import plan_memory
 from cocktailer.schedule.search import NoCandidate, search
 
@@ -310,3 +311,59 @@ def test_loop_unroll_on_the_zoo_loop_models(name):
     fast = cocktailer.compile(w.model, w.inputs, backend="cpu", options={"unroll": 8})
     with torch.no_grad():
         assert_same(fast(*w.inputs), w.model(*w.inputs), RTOL, ATOL, path=name)
+
+
+class _AllRecords(policy._Hazards):
+    """The hazards as first written: every access kept, each new op checked against all."""
+
+    def waits(self, group, reads, writes):
+        accesses = [(a, False) for a in reads] + [(a, True) for a in writes]
+        waits = {}
+        for x in policy._members(group, self.workers):
+            for rec in self.records:
+                others = rec.workers - {x}
+                if others and x not in rec.synced and any(rec.conflicts(a, group, w) for a, w in accesses):
+                    waits.setdefault(x, set()).update(others)
+        return waits
+
+    def record(self, group, reads, writes):
+        members = frozenset(policy._members(group, self.workers))
+        self.records += [policy._Access(r, k, group, members, w) for (r, k), w in
+                         [(a, False) for a in reads] + [(a, True) for a in writes]]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_indexed_hazards_wait_for_exactly_what_checking_every_access_waits_for(seed):
+    import random
+    rng = random.Random(seed)
+    workers = rng.choice([2, 3, 4])
+    fast, slow = policy._Hazards(workers, fine=True), _AllRecords(workers, fine=True)
+
+    def access():
+        if rng.random() < 0.5:   # a slot of its own
+            return (rng.choice(["output", "dynamic"]), (k := rng.randrange(6)), k + 1), rng.choice([None, (8, 16)])
+        begin = rng.randrange(0, 512, 64)
+        return ("arena", begin, begin + rng.choice([64, 128, 256])), rng.choice([None, (8, 16), (4, 16)])
+    for _ in range(200):
+        lo = rng.randrange(workers)
+        group = rng.choice([None, (lo, rng.randrange(lo + 1, workers + 1))])
+        reads = [access() for _ in range(rng.randrange(3))]
+        writes = [access() for _ in range(rng.randrange(1, 3))]
+        expected = slow.waits(group, reads, writes)
+        assert fast.waits(group, reads, writes) == expected
+        if expected:
+            a, b = fast.synchronize(expected, ()), slow.synchronize(expected, ())
+            assert type(a) is type(b) and getattr(a, "waits", None) == getattr(b, "waits", None)
+        fast.record(group, reads, writes)
+        slow.record(group, reads, writes)
+
+
+def test_an_access_is_checked_only_against_records_of_its_own_slot(monkeypatch):
+    hazards = policy._Hazards(2)
+    for k in range(1000):   # a host backend's block: an op per output slot, none in another's way
+        hazards.record(None, [], [(("output", k, k + 1), (8, 16))])
+    checked = []
+    original = policy._Access.conflicts
+    monkeypatch.setattr(policy._Access, "conflicts", lambda self, *a: checked.append(self) or original(self, *a))
+    assert hazards.waits(None, [(("output", 7, 8), None)], []) == {0: {1}, 1: {0}}
+    assert len(checked) == 1

@@ -152,7 +152,24 @@ class _Hazards:
     def __init__(self, workers: int, fine: bool = True):
         self.workers = workers
         self.fine = fine   # False: every synchronization is a global barrier
-        self.records: list[_Access] = []
+        self._keep([])
+
+    def _keep(self, records: list["_Access"]):
+        """The records still pending, and the indexes over them: by place (an access is only
+        checked against records of its own slot, or of its own byte space: a host backend's
+        block of a thousand ops has a thousand output slots, each checked against every later
+        op before), and the newest of each (span, partition, group, write), so that an access
+        like one no worker has waited for yet adds nothing (a buffer read by many ops is one
+        record)."""
+        self.records = records
+        self._places: dict[tuple, list[_Access]] = {}
+        self._newest: dict[tuple, _Access] = {}
+        for r in records:
+            self._index(r)
+
+    def _index(self, r: "_Access"):
+        self._places.setdefault(_place(r.span), []).append(r)
+        self._newest[r.key] = r
 
     def pending(self) -> bool:
         return bool(self.records)
@@ -161,30 +178,46 @@ class _Hazards:
         """For each worker of `group` (None: all), the workers it must wait for first."""
         accesses = [(a, False) for a in reads] + [(a, True) for a in writes]
         waits: dict[int, set[int]] = {}
-        for x in _members(group, self.workers):
-            for rec in self.records:
-                others = rec.workers - {x}
-                if others and x not in rec.synced and any(rec.conflicts(a, group, write) for a, write in accesses):
-                    waits.setdefault(x, set()).update(others)
+        for a, write in accesses:
+            for rec in self._places.get(_place(a[0]), ()):
+                if not rec.conflicts(a, group, write):
+                    continue
+                for x in _members(group, self.workers):
+                    others = rec.workers - {x}
+                    if others and x not in rec.synced:
+                        waits.setdefault(x, set()).update(others)
         return waits
 
     def synchronize(self, waits: dict[int, set[int]], reason: tuple) -> Barrier | Sync:
         """A global barrier where every worker waits for every other; else a fine-grained one."""
         everyone = set(range(self.workers))
         if not self.fine or all(waits.get(x, set()) >= everyone - {x} for x in everyone):
-            self.records = []
+            self._keep([])
             return Barrier(reason)
         for x, on in waits.items():
             for rec in self.records:
                 if rec.workers - {x} <= on:
                     rec.synced.add(x)
-        self.records = [r for r in self.records if not r.settled(everyone)]
+        self._keep([r for r in self.records if not r.settled(everyone)])
         return Sync({x: tuple(sorted(on)) for x, on in sorted(waits.items())})
 
     def record(self, group, reads: list[tuple], writes: list[tuple]):
         members = frozenset(_members(group, self.workers))
-        self.records += [_Access(r, k, group, members, False) for r, k in reads]
-        self.records += [_Access(r, k, group, members, True) for r, k in writes]
+        for (span, partition), write in [(a, False) for a in reads] + [(a, True) for a in writes]:
+            newest = self._newest.get((span, partition, group, write))
+            if newest is None or newest.synced:
+                access = _Access(span, partition, group, members, write)
+                self.records.append(access)
+                self._index(access)
+
+
+# Spaces whose spans are slots of their own (SimplePolicy._range): only the same slot overlaps
+_SLOT_SPACES = ("dynamic", "frame_dynamic", "output")
+
+
+def _place(span: tuple) -> tuple:
+    """Where records that may overlap `span` are kept: its slot, or its whole byte space."""
+    return (span[0], span[1]) if span[0] in _SLOT_SPACES else (span[0],)
 
 
 @dataclass
@@ -195,6 +228,10 @@ class _Access:
     workers: frozenset
     write: bool
     synced: set = field(default_factory=set)   # workers that waited for all of `workers` since
+
+    @property
+    def key(self) -> tuple:
+        return self.span, self.partition, self.group, self.write
 
     def conflicts(self, access: tuple, group, write: bool) -> bool:
         span, partition = access
