@@ -1,6 +1,6 @@
 /* cocktailer's CUDA portability header: the one place a CUDA primitive is spelled.
 
-   A generated CUDA program (codegen.dialect.CUDA) is one persistent kernel: one block per L1
+   A generated CUDA program (codegen.dialect.cuda()) is one persistent kernel: one block per L1
    worker (vEU); every thread of a block runs its block's copy of the control flow, and each
    operator's share of a worker is split again over the block's threads (its lanes). The
    program itself only uses the names below:
@@ -68,19 +68,23 @@ __device__ static inline int64_t ct_add_fetch(int64_t* p, int64_t v) {
 #define CT_YIELD() __nanosleep(1000)
 __device__ static inline int ct_block_any(int x) { return __syncthreads_or(x); }
 
-/* Every buffer and table in `a` is device memory (the runtime's binding), err[2] is 0 (a
-   host's SIGINT counter is not readable from the device), and bars and steps are allocated. */
+/* Every buffer and table in `a` is device memory (the runtime's binding: not built yet, so this
+   path has never run) and err[2] is 0 (a host's SIGINT counter is not readable from the
+   device). The grid's barriers and step array are allocated here, zeroed, and freed after. */
 static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
   a.sigints0 = 0;
+  if (cudaMalloc(&a.bars, (size_t)a.bar_bytes) != cudaSuccess) return -1;
+  if (cudaMalloc((void**)&a.steps, (size_t)a.step_bytes) != cudaSuccess) { cudaFree(a.bars); return -1; }
   cudaMemset(a.err, 0, 2 * sizeof(int64_t));
   cudaMemset(a.bars, 0, (size_t)a.bar_bytes);
   cudaMemset(a.steps, 0, (size_t)a.step_bytes);
   void* params[] = { &a };
-  if (cudaLaunchCooperativeKernel((const void*)kernel, dim3(a.nw), dim3(threads), params, 0, 0) != cudaSuccess)
-    return -1;
-  if (cudaDeviceSynchronize() != cudaSuccess) return -1;
-  int64_t code = 0;
-  cudaMemcpy(&code, a.err, sizeof code, cudaMemcpyDeviceToHost);
+  int64_t code = -1;
+  if (cudaLaunchCooperativeKernel((const void*)kernel, dim3(a.nw), dim3(threads), params, 0, 0) == cudaSuccess &&
+      cudaDeviceSynchronize() == cudaSuccess)
+    cudaMemcpy(&code, a.err, sizeof code, cudaMemcpyDeviceToHost);
+  cudaFree(a.bars);
+  cudaFree(a.steps);
   return code;
 }
 
