@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import pathlib
+import subprocess
 import sys
 
 import torch
@@ -133,7 +134,6 @@ def main(argv=None):
     for name in args.models.split(","):
         rows[name] = report(name)
         print(f"{name}: {rows[name]['cocktailer']}", file=sys.stderr, flush=True)
-    import subprocess
     nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     data = {"machine": machine.describe(), "nvcc_version": nvcc, "threads": THREADS, "virtual_blocks": BLOCKS,
             "models": rows}
