@@ -145,7 +145,7 @@ def _entry(compiled: CompiledFunction, example_inputs, example_kwargs):
 def _ir(program: Program, record) -> str:
     text = f"== captured IR (passes applied: {', '.join(name for name, _ in CAPTURE_PIPELINE)}) ==\n{program}"
     built = record.built if record is not None else None
-    if built is None or built.config.backend != "cpu":
+    if built is None or built.config.control != "L1":   # the cpu backend's passes: cpu and cuda
         return (f"{text}\n\n== IR after the cpu backend's passes (none) ==\n"
                 "(not the cpu backend: it runs the captured IR)")
     after = "(nothing to rewrite: the captured IR)" if built.program is program else str(built.program)
@@ -198,7 +198,7 @@ def _schedules(record) -> str:
     if record is None:
         return "== uProgram ==\n(this backend runs the IR directly: no uProgram)"
     built = record.built
-    if built.config.backend == "cpu":
+    if built.config.control == "L1":   # one program, control flow inside (cpu, cuda)
         return "== uProgram ==\n" + format_uprogram(built.uprogram)
     parts = [f"-- basic block {k} (one native call) --\n{format_uprogram(p.uprogram)}"
              for k, p in enumerate(built.parts)]

@@ -183,6 +183,14 @@ def test_the_virtual_gpu_counts_what_a_call_did():
     assert operators > 0 and nbytes >= 4 * 4 * 2 and barriers > 0 and steps == 0
 
 
+def test_explain_shows_the_one_program_the_kernel_runs():
+    fn, input_sets = _cases()["while on a value"]
+    fast = cocktailer.compile(fn, input_sets[0], backend="cuda", options=virtual(2, 4))
+    text = cocktailer.explain(fast, file=None)
+    assert "== uProgram ==\nuProgram on cuda: 2 L1 worker(s); control flow at L1" in text
+    assert "lines of CUDA C++" in text and "basic block" not in text
+
+
 def test_without_a_virtual_gpu_the_program_runs_on_the_cpu_backend_with_one_warning():
     x, w = torch.randn(4, 24), torch.randn(24, 24) / 5
     with warnings.catch_warnings(record=True) as caught:
