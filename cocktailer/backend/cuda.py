@@ -7,7 +7,8 @@ codegen/ct_cuda.h).
 What runs today is the CPU execution mode of the same source (`virtual_gpu=True`): a virtual
 GPU of `workers` blocks of `threads` threads, each an OS thread, compiled by the host's C++
 compiler; that is how every CUDA program is checked on machines without a GPU. Without it, the
-program runs on the cpu backend, with one warning: launching on a real GPU needs the runtime to
+driver builds the program as the cpu backend would (host fallback and measured policy included),
+with one warning: launching on a real GPU needs the runtime to
 bind device memory, which is not built yet (the launch itself is in ct_cuda.h and compiles with
 nvcc: `runtime.compiler.compile_cuda`)."""
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cocktailer.backend.config import Config
-from cocktailer.backend.cpu import build_cpu, ir_passes
+from cocktailer.backend.cpu import ir_passes
 from cocktailer.backend.native import NATIVE_STAGES, Build, run_stages, unsupported_ops
 from cocktailer.backend.record import Record
 from cocktailer.errors import CocktailerError
@@ -42,11 +43,13 @@ def choose_blocks(b: Build) -> str:
 CUDA_STAGES = [("blocks", choose_blocks), ("IR passes", ir_passes), *NATIVE_STAGES]
 
 
+# Without virtual_gpu, backend.driver builds the program as the cpu backend does, with this notice
+NO_GPU = ("the cuda backend does not run on a GPU yet (its programs run on a virtual GPU: options "
+          "virtual_gpu=True); running the cpu backend instead")
+
+
 def build_cuda(program: Program, config: Config, record: Record) -> CompiledProgram:
-    if not config.virtual_gpu:
-        record.notices.append("the cuda backend does not run on a GPU yet (its programs run on a virtual GPU: "
-                              "options virtual_gpu=True); running the cpu backend instead")
-        return build_cpu(program, replace(config, backend="cpu"), record)
+    """The program on a virtual GPU (config.virtual_gpu)."""
     missing = unsupported_ops(program)
     if missing:
         raise CudaUnsupported(f"the cuda backend has no kernel for: {'; '.join(missing)}")

@@ -7,13 +7,14 @@ of every stage it ran (`cocktailer.explain` prints it).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import torch
 
 from cocktailer.backend.config import Config
 from cocktailer.backend.cpu import build_cpu
-from cocktailer.backend.cuda import build_cuda
+from cocktailer.backend.cuda import NO_GPU, build_cuda
 from cocktailer.backend.host import build_host
 from cocktailer.backend.measured import SizeTrial, TunedProgram, specialize, tune
 from cocktailer.backend.native import unsupported_ops
@@ -35,7 +36,12 @@ def build(program: Program, config: Config, samples: list[list[torch.Tensor]] | 
                                      f"these tensors are on {program.device}; its programs run on a virtual GPU, "
                                      "with CPU tensors and options virtual_gpu=True")
         raise BackendUnavailable(f"the {config.backend} backend runs CPU tensors; these are on {program.device}")
-    record = Record(config)
+    if config.backend == "cuda" and not config.virtual_gpu:   # the cpu backend, as it builds for itself
+        config = replace(config, backend="cpu")
+        record = Record(config)
+        record.notices.append(NO_GPU)
+    else:
+        record = Record(config)
     if config.backend == "cuda":
         return build_cuda(program, config, record)
     if config.policy == "measured" and config.backend == "cpu":

@@ -42,18 +42,17 @@ class CompilerNotFound(RuntimeError):
 
 @functools.cache
 def find_compiler() -> str | None:
-    for name in (os.environ.get("CC"), "gcc", "cc", "clang"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
+    return _first_on_path(os.environ.get("CC"), "gcc", "cc", "clang")
 
 
 @functools.cache
 def find_cxx_compiler() -> str | None:
-    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
+    return _first_on_path(os.environ.get("CXX"), "g++", "c++", "clang++")
+
+
+def _first_on_path(*names: str | None) -> str | None:
+    """The path of the first of `names` (None: skipped) that is an executable on PATH."""
+    return next((shutil.which(n) for n in names if n and shutil.which(n)), None)
 
 
 @functools.cache
