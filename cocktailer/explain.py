@@ -136,6 +136,9 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
 
 def _entry(compiled: CompiledFunction, example_inputs, example_kwargs):
     if example_inputs is None or len(compiled.cache) == 1:
+        if len(compiled.cache) != 1:
+            raise ValueError(f"this compiled function has {len(compiled.cache)} builds (one per specialization): "
+                             "pass the example_inputs whose build to explain")
         (entry,) = compiled.cache.values()
         return entry
     args, kwargs = compiled._bind(tuple(example_inputs), example_kwargs or {})

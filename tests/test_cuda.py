@@ -202,13 +202,41 @@ def test_without_a_virtual_gpu_the_program_runs_on_the_cpu_backend_with_one_warn
     assert executable.record.config.backend == "cpu"
 
 
-def half_and_back(x):
-    return (x.to(torch.float16) * 2).float()
+def rounds_through_half(x, w, n: int, m: int):
+    """An outer loop around an op with no CUDA kernel (an f16 product), an inner one without."""
+    h = x
+    for _ in range(n):
+        for _ in range(m):
+            h = torch.tanh(h @ w) + x
+        if h.sum() > 0:
+            h = (h.to(torch.float16) * 2).float()
+        else:
+            h = h - 1
+    return h
 
 
-def test_an_op_without_a_kernel_is_refused_by_name():
-    with pytest.raises(cocktailer.CocktailerError, match=r"cuda backend has no kernel for: .*f16"):
-        cocktailer.compile(half_and_back, (torch.randn(4),), backend="cuda", options=virtual())
+def test_control_flow_around_an_op_without_a_kernel_runs_at_l2():
+    """The outer loop and the branch stay on the host (L2), a kernel launched per basic block;
+    the inner loop, whose ops all have kernels, runs inside its block's kernel."""
+    x, w = torch.randn(4, 24), torch.randn(24, 24) / 5
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fast = cocktailer.compile(rounds_through_half, (x, w, 3, 2), backend="cuda", options=virtual(2, 4))
+        for n, m in [(3, 2), (1, 5), (4, 1)]:
+            assert_same(fast(x, w, n, m), rounds_through_half(x, w, n, m), 1e-3, 1e-3)
+    assert any("no CUDA kernel for cast" in str(c.message) for c in caught)
+    assert len(fast.cache) == 3   # the trip counts are constants: a build per pair
+    for _, executable in fast.cache.values():
+        record = executable.record
+        assert record.config.backend == "cuda" and record.config.control == "host"
+        outer, = [op for op in record.program.main.body.ops if op.op.name == "LOOP"]
+        inner, = [op for op in outer.regions[0].walk() if op.op.name == "LOOP"]
+        assert record.native_constructs == {id(inner)}
+    assert "CT_GLOBAL void" in record.source and executable.blocks
+    with pytest.raises(ValueError, match="3 builds"):
+        cocktailer.explain(fast, file=None)
+    text = cocktailer.explain(fast, (x, w, 3, 2), file=None)
+    assert "loop in @main" in text and "1 constructs inside them" in text
 
 
 @pytest.mark.parametrize("name", ["loop and branch", "recurrent cell"])

@@ -58,8 +58,9 @@ class Config:
 
     @property
     def control(self) -> str:
-        """Where control flow runs: "L1" (in the native program) or "host" (Python)."""
-        return "host" if self.backend == "host" else "L1"
+        """Where control flow runs: "L1" (in the native program) or "host" (Python; on the cuda
+        backend, L2: where an op has no kernel, backend.cuda builds with native_from)."""
+        return "host" if self.backend == "host" or (self.backend == "cuda" and self.native_from is not None) else "L1"
 
     def __str__(self) -> str:
         """The candidate as the measured policy's report names it."""

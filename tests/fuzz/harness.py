@@ -19,7 +19,6 @@ import torch
 
 import cocktailer
 from cocktailer import settings
-from cocktailer.backend.cuda import CudaUnsupported
 from cocktailer.batching import Techniques
 from fuzz.gen import FuzzNode, Program
 
@@ -120,8 +119,6 @@ def check(program: Program, config: str, sets: int = INPUT_SETS, max_iterations:
                                       dynamic=True if config in DYNAMIC else None)
     except cocktailer.UnsupportedError as e:
         return Outcome(program.seed, config, "refused", str(e), refusal_kind(e))
-    except CudaUnsupported as e:
-        return Outcome(program.seed, config, "refused", str(e), "no cuda kernel")
     except Exception as e:
         return Outcome(program.seed, config, "crash", "compiling: " + _trace(e))
     for k, args in enumerate(inputs):
