@@ -34,8 +34,14 @@ BACKENDS: dict[str, Callable[[Program], Callable]] = {
     "cuda": native_backend("cuda"),  # the same program as one persistent CUDA kernel (a virtual GPU for now)
     "reference": ReferenceExecutor,
 }
-AUTO_ORDER = ["cpu", "reference"]   # "auto" takes the first that can run the program
+AUTO_ORDER = ["cpu", "cuda", "reference"]   # "auto" takes the first that can run the program (cuda: CUDA tensors)
 NATIVE = {"cpu", "host", "cuda"}
+
+
+def _gpu_program(backend: str, program: Program) -> bool:
+    """The cuda backend on CUDA tensors: where there is no GPU or toolkit for them, the reference
+    backend runs them instead, with one warning (on CPU tensors it runs the cpu backend itself)."""
+    return backend == "cuda" and program.device.type == "cuda"
 
 
 def capture(model_or_function: Callable, example_inputs: tuple = (), example_kwargs: dict | None = None,
@@ -118,9 +124,12 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     limits its search to some of `cocktailer.backend.config.STEPS`. The "host" backend takes
     `native_from=d`: control-flow constructs nested at least d deep in their function (0: all)
     run inside its native blocks, where every op they control has a native kernel. The "cuda"
-    backend takes `virtual_gpu=True` (run the generated CUDA on a virtual GPU, its CPU
-    execution mode: `workers` blocks of `threads` threads, default 2 x 32); without it, the
-    program runs on the cpu backend with one warning.
+    backend ("auto" picks it for CUDA tensors) compiles with nvcc for the tensors' GPU, a block
+    of `threads` threads (default 32) per SM unless `workers` says how many; without a toolkit
+    the reference backend runs them, with one warning. On CPU tensors it takes
+    `virtual_gpu=True` (run the generated CUDA on a virtual GPU, its CPU execution mode:
+    `workers` blocks of `threads` threads, default 2 x 32); without it, the program runs on
+    the cpu backend with one warning.
     """
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(['auto', *BACKENDS])}")
@@ -409,12 +418,14 @@ class CompiledFunction:
             if name in NATIVE and find_compiler() is None:
                 _warn_once("no C compiler found (set CC or install gcc): running the reference backend instead")
                 continue
-            if self.backend != "auto" and name == self.backend:
+            if self.backend != "auto" and name == self.backend and not _gpu_program(name, program):
                 self.chosen = name
                 return self._backend(name, program, samples)   # an explicitly chosen backend's errors are the user's
             try:
                 executable = self._backend(name, program, samples)
-            except BackendUnavailable:
+            except BackendUnavailable as e:
+                if _gpu_program(name, program):   # no GPU or toolkit for these CUDA tensors
+                    _warn_once(f"{e}: running the reference backend instead")
                 continue
             self.chosen = name
             return executable

@@ -14,7 +14,9 @@ import torch.nn as nn
 import cocktailer
 from cocktailer import models
 from cocktailer.codegen.dialect import cuda
-from cocktailer.runtime.compiler import compile_cuda, find_cxx_compiler, find_nvcc
+from cocktailer.runtime.compiler import compile_cuda, compile_shared_library, find_cxx_compiler, find_nvcc, \
+    load_library
+from cocktailer.runtime.native import CompiledProgram
 from cocktailer.schedule.device import H100, resident_blocks_per_sm
 
 try:
@@ -237,6 +239,69 @@ def test_control_flow_around_an_op_without_a_kernel_runs_at_l2():
         cocktailer.explain(fast, file=None)
     text = cocktailer.explain(fast, (x, w, 3, 2), file=None)
     assert "loop in @main" in text and "1 constructs inside them" in text
+
+
+def settle(h, w):
+    while h.norm() > 1.0:
+        h = torch.tanh(h @ w) * 0.5
+    return h
+
+
+@needs_nvcc
+def test_the_gpu_build_links_loads_and_says_why_it_cannot_launch_here():
+    """The same source as nvcc builds it for a GPU (host launcher and kernel in one library),
+    called through the runtime: on a machine without a GPU, its launch fails with the CUDA
+    runtime's reason, as a CocktailerError, not a crash or a hang."""
+    h, w = torch.randn(4, 16) * 4, torch.randn(16, 16) / 4
+    fast = cocktailer.compile(settle, (h, w), backend="cuda", options=virtual(2, 8))
+    (_, virtual_gpu), = fast.cache.values()
+    source, flags = virtual_gpu.record.source, ["-arch=sm_90"]
+    library, _ = compile_shared_library(source, flags, language="cuda")
+    gpu = CompiledProgram(load_library(library, source, flags, "cuda"), str(library), virtual_gpu.entry,
+                          virtual_gpu.workers, virtual_gpu.max_depth)
+    with pytest.raises(cocktailer.CocktailerError, match=r"the CUDA launch failed: \w+"):
+        gpu([h, w])
+
+
+@pytest.mark.parametrize("name", ["loop and branch", "recurrent cell", "dynamic index"])
+def test_the_launch_copies_every_table_entry_the_runtime_binds(name):
+    """The GPU launch copies in, out, cst and err[] to the device by the counts the launcher
+    was rendered with: they must be the runtime's (a short count leaves the kernel reading
+    host garbage)."""
+    fn, input_sets = _cases()[name]
+    fast = cocktailer.compile(fn, input_sets[0], backend="cuda", options=virtual())
+    (_, executable), = fast.cache.values()
+    launcher = re.search(r"ct_args a = \{[^}]*CT_STEP_STRIDE \* nw, (\d+), (\d+), (\d+), (\d+) \}",
+                         executable.record.source)
+    err = executable._scratch()[4]
+    entry = executable.entry
+    assert launcher and tuple(map(int, launcher.groups())) == (len(entry.inputs), len(entry.outputs),
+                                                               len(entry.constants), len(err))
+
+
+def test_cuda_tensors_without_a_toolkit_run_on_the_reference_backend_with_one_warning(monkeypatch):
+    """Programs whose tensors are on a GPU go to the cuda backend ("auto" too); where nvcc is
+    missing, the reference backend runs them, with one warning. (Capture is made to say the
+    tensors are on a GPU: this machine's torch has none.)"""
+    real_capture = cocktailer.api.capture
+
+    def on_a_gpu(*args, **kwargs):
+        program = real_capture(*args, **kwargs)
+        program.device = torch.device("cuda", 0)
+        return program
+
+    monkeypatch.setattr(cocktailer.api, "capture", on_a_gpu)
+    monkeypatch.setenv("NVCC", "/nonexistent/nvcc")
+    h, w = torch.randn(4, 16) * 4, torch.randn(16, 16) / 4
+    for backend in ["auto", "cuda"]:
+        monkeypatch.setattr(cocktailer.api, "_warned", set())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fast = cocktailer.compile(settle, (h, w), backend=backend)   # built, not called: this torch
+            cocktailer.compile(settle, (h, w), backend=backend)          # cannot make a GPU's tensors
+        assert fast.chosen == "reference" and len(fast.cache) == 1
+        notes = [str(c.message) for c in caught if "nvcc was not found" in str(c.message)]
+        assert len(notes) == 1 and notes[0].endswith("running the reference backend instead")
 
 
 @pytest.mark.parametrize("name", ["loop and branch", "recurrent cell"])

@@ -9,16 +9,22 @@ backend's executor keeps it in Python and launches one kernel per basic block, e
 in the CUDA dialect; constructs whose ops all have kernels still run inside the kernel around
 them (Algorithm 1's Constraint 1, as on the cpu backend).
 
-What runs today is the CPU execution mode of the same source (`virtual_gpu=True`): a virtual
-GPU of `workers` blocks of `threads` threads, each an OS thread, compiled by the host's C++
-compiler; that is how every CUDA program is checked on machines without a GPU. Without it, the
-driver builds the program as the cpu backend would (host fallback and measured policy included),
-with one warning: launching on a real GPU needs the runtime to
-bind device memory, which is not built yet (the launch itself is in ct_cuda.h and compiles with
-nvcc: `runtime.compiler.compile_cuda`)."""
+Two targets of the same source:
+- CUDA tensors: nvcc compiles it for their GPU (`runtime.compiler.gpu_arch`), a block per SM
+  unless `workers` says otherwise, and the runtime binds device memory (the tensors, the
+  arena, the stack and the control state live on the GPU; ct_cuda.h's launch copies the
+  pointer tables and err[] over). No GPU has run this path yet: CI has none; without one it is
+  compiled and loaded, and its launch fails with the CUDA runtime's reason (tests/test_cuda.py).
+- CPU tensors with `virtual_gpu=True`: the CPU execution mode, a virtual GPU of `workers`
+  blocks of `threads` threads, each an OS thread, compiled by the host's C++ compiler; that is
+  how every CUDA program is checked on machines without a GPU. Without `virtual_gpu`, the
+  driver builds CPU tensors' program as the cpu backend would (host fallback and measured
+  policy included), with one warning."""
 from __future__ import annotations
 
 from dataclasses import replace
+
+import torch
 
 from cocktailer.backend.config import Config
 from cocktailer.backend.cpu import ir_passes
@@ -26,6 +32,7 @@ from cocktailer.backend.host import build_host
 from cocktailer.backend.native import NATIVE_STAGES, Build, run_stages, unsupported_ops
 from cocktailer.backend.record import Record
 from cocktailer.ir import Program
+from cocktailer.runtime.compiler import find_nvcc
 from cocktailer.runtime.native import CompiledProgram
 
 # Blocks of a virtual GPU when `workers` is not given: enough to exercise the grid barriers and
@@ -44,14 +51,33 @@ def choose_blocks(b: Build) -> str:
 CUDA_STAGES = [("blocks", choose_blocks), ("IR passes", ir_passes), *NATIVE_STAGES]
 
 
+def gpu_unavailable(device: torch.device, config: Config) -> str:
+    """Why the cuda backend cannot run a program whose tensors are on `device` (empty: it can)."""
+    if device.type != "cuda":
+        return f"the cuda backend runs CUDA tensors (or CPU ones on a virtual GPU); these are on {device}"
+    if config.virtual_gpu:
+        return "a virtual GPU runs CPU tensors (its memory is the host's); these are on " + str(device)
+    if find_nvcc() is None:
+        return "nvcc was not found (set NVCC, or install the CUDA toolkit): the cuda backend cannot compile for " \
+               + str(device)
+    return ""
+
+
+def gpu_blocks(device: torch.device) -> int:
+    """The persistent grid when `workers` is not given: a block per SM, as Rammer's vEU per SM
+    (the cooperative launch refuses a grid that cannot be resident at once)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 # Without virtual_gpu, backend.driver builds the program as the cpu backend does, with this notice
-NO_GPU = ("the cuda backend does not run on a GPU yet (its programs run on a virtual GPU: options "
-          "virtual_gpu=True); running the cpu backend instead")
+NO_GPU = ("the cuda backend runs CUDA tensors on their GPU; these are CPU tensors, so the cpu backend runs them "
+          "(options virtual_gpu=True runs the generated CUDA on a virtual GPU instead)")
 
 
 def build_cuda(program: Program, config: Config, record: Record):
-    """The program on a virtual GPU (config.virtual_gpu): one persistent kernel, or, where an
-    op has no kernel, kernels launched per basic block by the host (L2)."""
+    """The program on its GPU, or on a virtual GPU (config.virtual_gpu, CPU tensors): one
+    persistent kernel, or, where an op has no kernel, kernels launched per basic block by the
+    host (L2)."""
     if config.policy != "simple":
         record.notices.append("the cuda backend places by the simple policy only; the measured one was not run")
     config = replace(config, policy="simple")

@@ -14,7 +14,7 @@ import torch
 
 from cocktailer.backend.config import Config
 from cocktailer.backend.cpu import build_cpu
-from cocktailer.backend.cuda import NO_GPU, build_cuda
+from cocktailer.backend.cuda import NO_GPU, build_cuda, gpu_blocks, gpu_unavailable
 from cocktailer.backend.host import build_host
 from cocktailer.backend.measured import SizeTrial, TunedProgram, specialize, tune
 from cocktailer.backend.native import unsupported_ops
@@ -32,9 +32,11 @@ def build(program: Program, config: Config, samples: list[list[torch.Tensor]] | 
     `samples`: input tensors the measured policy times candidates on."""
     if program.device.type != "cpu":
         if config.backend == "cuda":
-            raise BackendUnavailable(f"the cuda backend does not launch on a GPU yet (no device memory is bound): "
-                                     f"these tensors are on {program.device}; its programs run on a virtual GPU, "
-                                     "with CPU tensors and options virtual_gpu=True")
+            why = gpu_unavailable(program.device, config)
+            if why:
+                raise BackendUnavailable(why)
+            return build_cuda(program, replace(config, workers=config.workers or gpu_blocks(program.device)),
+                              Record(config))
         raise BackendUnavailable(f"the {config.backend} backend runs CPU tensors; these are on {program.device}")
     if config.backend == "cuda" and not config.virtual_gpu:   # the cpu backend, as it builds for itself
         config = replace(config, backend="cpu")

@@ -23,7 +23,7 @@ from cocktailer.ir import Program, SymbolicSizeError
 from cocktailer.ir.analysis import runs_in_python
 from cocktailer.passes.fuse import fuse_elementwise
 from cocktailer.passes.views import fold_views_into_products
-from cocktailer.runtime.compiler import compile_shared_library, load_library
+from cocktailer.runtime.compiler import compile_shared_library, gpu_arch, load_library
 from cocktailer.runtime.native import CompiledProgram, Entry, Packed
 from cocktailer.schedule import SimplePolicy
 from cocktailer.schedule.memory import MemoryPlan, plan_memory
@@ -122,25 +122,32 @@ def render_parts(b: Build) -> str:
     return f"{len(b.source.splitlines())} lines of {'CUDA C++' if dialect.launched else 'C'}"
 
 
-def _language(b: Build) -> str:
-    """CUDA source runs here in its CPU execution mode: compiled as C++ (ct_cuda.h)."""
-    return "c++" if dialect_of(b.config).launched else "c"
+def _toolchain(b: Build) -> tuple[str, list[str]]:
+    """(language, extra flags) the source is compiled as: C; CUDA for the program's GPU (its
+    tensors are there), by nvcc; CUDA in its CPU execution mode (a virtual GPU): C++ (ct_cuda.h)."""
+    if not dialect_of(b.config).launched:
+        return "c", []
+    if b.program.device.type == "cuda":
+        return "cuda", [f"-arch={gpu_arch(b.program.device)}"]
+    return "c++", []
 
 
 def compile_library(b: Build) -> str:
     if not b.parts:
         return "no native code"
-    b.path, cached = compile_shared_library(b.source, language=_language(b))
-    return f"{'cache hit' if cached else 'the C compiler ran'}: {b.path.name}"
+    language, flags = _toolchain(b)
+    b.path, cached = compile_shared_library(b.source, flags, language)
+    return f"{'cache hit' if cached else ('nvcc' if language == 'cuda' else 'the C compiler') + ' ran'}: {b.path.name}"
 
 
 def load(b: Build) -> str:
     if not b.parts:
         return "no native code"
-    handle = load_library(b.path, b.source, language=_language(b))
+    language, flags = _toolchain(b)
+    handle = load_library(b.path, b.source, flags, language)
     for p in b.parts:
         p.compiled = CompiledProgram(handle, str(b.path), _entry(p), p.config.workers, p.config.max_depth,
-                                     b.record, p.config.max_iterations)
+                                     b.record, p.config.max_iterations, device=p.program.device)
     return _count(b)
 
 

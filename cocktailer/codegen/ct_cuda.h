@@ -13,7 +13,8 @@
      ct_block_any(x)                  block barrier; true on every lane if x was true on any
      CT_LOAD_ACQUIRE ... CT_ADD_FETCH atomics on int64_t shared by blocks (device scope)
      CT_PAUSE(), CT_YIELD()           what a spinning lane does while it waits
-     ct_launch(kernel, args, threads) one cooperative launch of `args.nw` blocks; returns err[0]
+     ct_launch(kernel, args, threads) one cooperative launch of `args.nw` blocks; returns err[0],
+                                      or CT_LAUNCH_FAILED (ct_launch_error(err[1]) says why)
 
    Two executions of the same source:
    - nvcc (__CUDACC__): the real GPU. The launch is cooperative, so a grid that cannot be
@@ -37,7 +38,11 @@ typedef struct {
   int64_t sigints0;     /* the SIGINT counter when the call began (read once, by the host) */
   void* bars; int64_t* steps;   /* grid barriers and the step array, zeroed by ct_launch */
   int64_t bar_bytes, step_bytes;
+  int n_in, n_out, n_cst, n_err;   /* entries of in, out, cst and err: what the GPU launch copies to the device */
 } ct_args;
+/* ct_launch's code when the GPU launch itself failed (err[1] then holds the cudaError_t:
+   ct_launch_error names it); generated programs' own codes are positive */
+enum { CT_LAUNCH_FAILED = -2 };
 typedef void (*ct_kernel)(ct_args);
 
 #ifdef __CUDACC__
@@ -68,25 +73,56 @@ __device__ static inline int64_t ct_add_fetch(int64_t* p, int64_t v) {
 #define CT_YIELD() __nanosleep(1000)
 __device__ static inline int ct_block_any(int x) { return __syncthreads_or(x); }
 
-/* Every buffer and table in `a` is device memory (the runtime's binding: not built yet, so this
-   path has never run) and err[2] is 0 (a host's SIGINT counter is not readable from the
-   device). The grid's barriers and step array are allocated here, zeroed, and freed after. */
-static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
-  a.sigints0 = 0;
-  if (cudaMalloc(&a.bars, (size_t)a.bar_bytes) != cudaSuccess) return -1;
-  if (cudaMalloc((void**)&a.steps, (size_t)a.step_bytes) != cudaSuccess) { cudaFree(a.bars); return -1; }
-  cudaMemset(a.err, 0, 2 * sizeof(int64_t));
-  cudaMemset(a.bars, 0, (size_t)a.bar_bytes);
-  cudaMemset(a.steps, 0, (size_t)a.step_bytes);
-  void* params[] = { &a };
-  int64_t code = -1;
-  if (cudaLaunchCooperativeKernel((const void*)kernel, dim3(a.nw), dim3(threads), params, 0, 0) == cudaSuccess &&
-      cudaDeviceSynchronize() == cudaSuccess)
-    cudaMemcpy(&code, a.err, sizeof code, cudaMemcpyDeviceToHost);
-  cudaFree(a.bars);
-  cudaFree(a.steps);
-  return code;
+/* The runtime binds device memory: the tensors, the arena, the stack, the loop counters and
+   the frames' slots are on the GPU; the tables of pointers (in, out, cst) and err[] are host
+   arrays, copied here into one device buffer with the grid's barriers and step array
+   (zeroed), and err[0..1] copied back after. err[2] is 0 on the device: a host's SIGINT
+   counter is not readable there, so a GPU program is not interrupted by Ctrl-C. */
+static inline int64_t ct_launch_failed(cudaError_t e, int64_t* host_err) {
+  host_err[1] = (int64_t)e;
+  return CT_LAUNCH_FAILED;
 }
+static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
+  int64_t* host_err = a.err;
+  const size_t n_ptrs = (size_t)(a.n_in + a.n_out + a.n_cst), err_bytes = (size_t)a.n_err * sizeof(int64_t);
+  const size_t bytes = n_ptrs * sizeof(void*) + err_bytes + (size_t)a.bar_bytes + (size_t)a.step_bytes;
+  char* host = (char*)calloc(1, bytes);
+  if (!host) return ct_launch_failed(cudaErrorMemoryAllocation, host_err);
+  void** ptrs = (void**)host;
+  memcpy(ptrs, a.in, (size_t)a.n_in * sizeof(void*));
+  memcpy(ptrs + a.n_in, a.out, (size_t)a.n_out * sizeof(void*));
+  memcpy(ptrs + a.n_in + a.n_out, a.cst, (size_t)a.n_cst * sizeof(void*));
+  int64_t* err = (int64_t*)(ptrs + n_ptrs);
+  memcpy(err, host_err, err_bytes);
+  err[0] = 0; err[1] = 0; err[2] = 0;
+  /* kept from call to call (per host thread, as the runtime's scratch): cudaMalloc and cudaFree
+     synchronize the device, and a call's tables are a few hundred bytes */
+  static thread_local char* dev = 0;
+  static thread_local size_t dev_bytes = 0;
+  cudaError_t e = cudaSuccess;
+  if (dev_bytes < bytes) {
+    if (dev) cudaFree(dev);
+    dev_bytes = 0;
+    e = cudaMalloc((void**)&dev, bytes);
+    if (e != cudaSuccess) { dev = 0; free(host); return ct_launch_failed(e, host_err); }
+    dev_bytes = bytes;
+  }
+  e = cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice);   /* the barriers and steps: zeros */
+  free(host);
+  void** dev_ptrs = (void**)dev;
+  a.in = dev_ptrs; a.out = dev_ptrs + a.n_in; a.cst = dev_ptrs + a.n_in + a.n_out;
+  a.err = (int64_t*)(dev_ptrs + n_ptrs);
+  a.bars = (char*)a.err + err_bytes;
+  a.steps = (int64_t*)((char*)a.bars + a.bar_bytes);
+  a.sigints0 = 0;
+  void* params[] = { &a };
+  if (e == cudaSuccess)
+    e = cudaLaunchCooperativeKernel((const void*)kernel, dim3(a.nw), dim3(threads), params, 0, 0);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaMemcpy(host_err, a.err, 2 * sizeof(int64_t), cudaMemcpyDeviceToHost);
+  return e == cudaSuccess ? host_err[0] : ct_launch_failed(e, host_err);
+}
+CT_HOST const char* ct_launch_error(int64_t code) { return cudaGetErrorString((cudaError_t)code); }
 
 #else
 /* ---------------------------------------------------------------- a virtual GPU on the CPU */
@@ -161,7 +197,7 @@ static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
   ct_vblock* blocks = (ct_vblock*)calloc((size_t)a.nw, sizeof(ct_vblock));
   ct_vstart* starts = (ct_vstart*)calloc((size_t)n, sizeof(ct_vstart));
   pthread_t* ids = (pthread_t*)calloc((size_t)n, sizeof(pthread_t));
-  int64_t code = -1;
+  int64_t code = CT_LAUNCH_FAILED;
   int gate = 0;
   if (a.bars && a.steps && blocks && starts && ids) {
     for (int b = 0; b < a.nw; ++b) pthread_barrier_init(&blocks[b].bar, 0, (unsigned)threads);
@@ -176,10 +212,14 @@ static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
     __atomic_store_n(&gate, started == n ? 1 : 2, __ATOMIC_RELEASE);
     for (int t = 0; t < started; ++t) pthread_join(ids[t], 0);
     for (int b = 0; b < a.nw; ++b) pthread_barrier_destroy(&blocks[b].bar);
-    code = started == n ? a.err[0] : -1;
+    code = started == n ? a.err[0] : CT_LAUNCH_FAILED;
   }
   free(a.bars); free(a.steps); free(blocks); free(starts); free(ids);
   return code;
+}
+CT_HOST const char* ct_launch_error(int64_t code) {
+  (void)code;
+  return "the virtual GPU could not start one OS thread per CUDA thread (or allocate their state)";
 }
 #endif
 

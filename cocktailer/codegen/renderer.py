@@ -422,12 +422,16 @@ class Renderer:
 
     def _launcher(self):
         """The entry point on the host: one launch of the kernel, a block per worker (`nw`),
-        with the grid's barriers and step array (ct_cuda.h's ct_launch zeroes them, and err)."""
+        with the grid's barriers and step array (ct_cuda.h's ct_launch zeroes them, and err),
+        and how many entries the tables and err[] have (the GPU launch copies them over)."""
         self.emit(f"CT_HOST int64_t {self.entry}(void** in, void** out, void** cst, char* arena, char* stack_all, "
                   "int64_t max_depth, int64_t* locals, int64_t* rets, int64_t* err, int nw) {")
+        main, plan = self.program.main, self.plan
+        counts = [len(main.params), len(main.body.yields), len(plan.const_names),
+                  self.frame_dynamic_at + len(plan.frame_dynamic) + 1]   # err[]'s entries: see render()
         self.emit("  ct_args a = { in, out, cst, arena, stack_all, max_depth, locals, rets, err, nw, 0, 0, 0,")
         self.emit("                (int64_t)sizeof(ct_barrier_t) * CT_MAX_NEST * nw, "
-                  "(int64_t)sizeof(int64_t) * CT_STEP_STRIDE * nw };")
+                  f"(int64_t)sizeof(int64_t) * CT_STEP_STRIDE * nw, {', '.join(map(str, counts))} }};")
         self.emit(f"  return ct_launch({self.entry}_kernel, a, {self.d.threads});")
         self.emit("}")
 

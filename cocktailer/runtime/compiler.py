@@ -57,7 +57,8 @@ def _first_on_path(*names: str | None) -> str | None:
 
 @functools.cache
 def _compiler_identity(cc: str) -> str:
-    return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    """What `cc --version` says (nvcc's release is on its last lines, gcc's on its first)."""
+    return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
 
 
 @functools.cache
@@ -82,16 +83,29 @@ def _link_flags(source: str) -> list[str]:
     return ["-lm"]
 
 
-def compile_shared_library(source: str, extra_flags: Sequence[str] = (), language: str = "c") -> tuple[Path, bool]:
-    """The path of a valid library built from `source`, and whether it came from the cache
-    (else the compiler ran now). `language` "c++": a CUDA program for its CPU execution mode."""
+def _toolchain(language: str) -> tuple[str, list[str], str]:
+    """(compiler, flags, what else the library depends on: the CPU -march=native means) of
+    `language`: "c", "c++" (a CUDA program in its CPU execution mode) or "cuda" (nvcc, for the
+    arch in the extra flags)."""
+    if language == "cuda":
+        nvcc = find_nvcc()
+        if nvcc is None:
+            raise CompilerNotFound("nvcc not found (set NVCC, or install the CUDA toolkit)")
+        return nvcc, NVCC_LIBRARY_FLAGS, ""
     cc = find_compiler() if language == "c" else find_cxx_compiler()
     if cc is None:
         raise CompilerNotFound(f"no {language.upper()} compiler found (set {'CC' if language == 'c' else 'CXX'}, "
                                "or install gcc)")
-    flags = [*(FLAGS if language == "c" else CXX_FLAGS), *extra_flags]
-    link = _link_flags(source)
-    key = hashlib.sha256("\0".join([source, *flags, *link, _compiler_identity(cc), _native_target(cc)]).encode()
+    return cc, FLAGS if language == "c" else CXX_FLAGS, _native_target(cc)
+
+
+def compile_shared_library(source: str, extra_flags: Sequence[str] = (), language: str = "c") -> tuple[Path, bool]:
+    """The path of a valid library built from `source`, and whether it came from the cache
+    (else the compiler ran now). `language`: see `_toolchain`."""
+    cc, flags, target = _toolchain(language)
+    flags = [*flags, *extra_flags]
+    link = _link_flags(source) if language != "cuda" else []
+    key = hashlib.sha256("\0".join([source, *flags, *link, _compiler_identity(cc), target]).encode()
                          ).hexdigest()[:32]
     directory = cache.cache_dir()
     library = directory / f"ct_{key}.so"
@@ -104,7 +118,8 @@ def compile_shared_library(source: str, extra_flags: Sequence[str] = (), languag
     try:
         result = subprocess.run([cc, *flags, str(c_file), "-o", tmp, *link], capture_output=True, text=True)
         if result.returncode != 0:
-            raise RuntimeError(f"C compilation failed ({c_file}):\n{result.stderr[-4000:]}")
+            raise RuntimeError(f"{'CUDA' if language == 'cuda' else 'C'} compilation failed ({c_file}):\n"
+                               f"{result.stderr[-4000:]}")
         os.replace(tmp, library)
     finally:
         if os.path.exists(tmp):
@@ -128,6 +143,10 @@ def load_library(path: Path, source: str, extra_flags: Sequence[str] = (), langu
 # -- nvcc: generated CUDA compiled for a GPU (checked in CI, where there is none) ----------------
 
 NVCC_FLAGS = ["-x", "cu", "-std=c++17", "-O3", "-cubin", "-Xptxas", "-v"]
+# A program for a GPU as a shared library the runtime loads: the host launcher and the kernel,
+# with the CUDA runtime linked in statically (nothing to find at load time); -arch comes with
+# the device (`gpu_arch`).
+NVCC_LIBRARY_FLAGS = ["-x", "cu", "-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC"]
 
 
 @dataclass(frozen=True)
@@ -145,6 +164,12 @@ class CudaResources:
 
 def find_nvcc() -> str | None:
     return shutil.which(os.environ.get("NVCC", "nvcc"))
+
+
+def gpu_arch(device: torch.device) -> str:
+    """nvcc's -arch for the GPU `device` is (sm_90 on an H100)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
 
 
 def compile_cuda(source: str, arch: str = "sm_90") -> list[CudaResources]:

@@ -27,6 +27,8 @@ SLOTS_PER_FRAME = 8   # the generated code's CT_SLOTS: resume label, caller fram
 # err[] of the calling convention: the error code (0: none), how often the OS preempted a worker,
 # the address of the SIGINT counter (runtime.interrupt), the most iterations one loop may run (0: any)
 ERR_CODE, ERR_PREEMPTED, ERR_SIGINTS, ERR_MAX_ITERATIONS, ERR_SIZES = range(5)   # then one slot per symbolic size
+# A CUDA entry's return code when the launch itself failed (ct_cuda.h): err[1] then says why
+LAUNCH_FAILED = -2
 
 
 @dataclass(frozen=True)
@@ -219,20 +221,30 @@ class Workers:
 Allocate = Callable[[tuple, torch.dtype], torch.Tensor]   # memory for an output: (shape, dtype) -> uninitialized tensor
 
 
-def _fresh(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype)
+def _fresh(shape: tuple, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _on(x: torch.Tensor, device: torch.device) -> bool:
+    """Whether `x` is on `device` ("cuda" without an index: on any GPU)."""
+    return x.device.type == device.type and (device.index is None or x.device.index == device.index)
 
 
 class CompiledProgram:
     """Calls the generated entry once per inference. Inputs, constants and outputs are torch
     tensors bound by pointer; the scratch arena, the recursion stack and per-worker loop
-    counters are allocated once per thread and reused, so calls are thread-safe."""
+    counters are allocated once per thread and reused, so calls are thread-safe. All of them
+    are on `device`: a CUDA program's on its GPU (the launch copies the pointer tables)."""
 
     fresh_outputs = True   # every output is a tensor of its own, allocated by the call
 
     def __init__(self, handle: ctypes.CDLL, library: str, entry: Entry, workers: int, max_depth: int,
-                 record=None, max_iterations: int | None = None):
+                 record=None, max_iterations: int | None = None, device: torch.device | None = None):
         self.library = library
+        self.device = torch.device(device or "cpu")
+        self._launch_error = getattr(handle, "ct_launch_error", None)   # a CUDA program's (ct_cuda.h)
+        if self._launch_error is not None:
+            self._launch_error.argtypes, self._launch_error.restype = [ctypes.c_int64], ctypes.c_char_p
         self.entry = entry
         self.workers = workers
         self.max_depth = max_depth
@@ -242,7 +254,7 @@ class CompiledProgram:
         self._fn.argtypes = _ARGTYPES
         self._fn.restype = ctypes.c_int64
         self._constants = [DERIVED.get(c.kind, [c.source], lambda c=c: c.pack(c.source)) if isinstance(c, Packed)
-                           else c.detach().contiguous() for c in entry.constants]
+                           else c.detach().to(self.device).contiguous() for c in entry.constants]
         self._packed_from = {k: version_of(c.source) for k, c in enumerate(entry.constants) if isinstance(c, Packed)}
         self._const_table = (ctypes.c_void_p * max(len(self._constants), 1))(*[t.data_ptr() for t in self._constants])
         self._local = threading.local()
@@ -255,14 +267,14 @@ class CompiledProgram:
     def _scratch(self):
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
-            e, frames = self.entry, self.max_depth + 1
+            e, frames, on = self.entry, self.max_depth + 1, self.device
             stacks = self.workers if e.stack_per_worker else 1   # a group of workers per stack
             scratch = self._local.scratch = (
-                torch.empty(max(e.arena_bytes, 64), dtype=torch.uint8),
-                torch.empty(max(e.frame_bytes, 64) * self.max_depth * stacks, dtype=torch.uint8)
-                if e.frame_bytes else torch.empty(64, dtype=torch.uint8),
-                torch.empty(self.workers * e.lanes * frames * e.locals_per_frame, dtype=torch.int64),
-                torch.empty(self.workers * e.lanes * frames * SLOTS_PER_FRAME, dtype=torch.int64),
+                torch.empty(max(e.arena_bytes, 64), dtype=torch.uint8, device=on),
+                torch.empty(max(e.frame_bytes, 64) * self.max_depth * stacks, dtype=torch.uint8, device=on)
+                if e.frame_bytes else torch.empty(64, dtype=torch.uint8, device=on),
+                torch.empty(self.workers * e.lanes * frames * e.locals_per_frame, dtype=torch.int64, device=on),
+                torch.empty(self.workers * e.lanes * frames * SLOTS_PER_FRAME, dtype=torch.int64, device=on),
                 (ctypes.c_int64 * (ERR_SIZES + len(e.sizes) + len(e.dynamic) + len(e.frame_dynamic) + 1))())
         return scratch   # err[]: see ERR_CODE...; after the sizes, the dynamic offsets, then the frame's bytes
 
@@ -302,7 +314,7 @@ class CompiledProgram:
         scratch = self._local.scratch
         if scratch[k].numel() < nbytes:
             scratch = list(scratch)
-            scratch[k] = torch.empty(nbytes + nbytes // 2, dtype=torch.uint8)
+            scratch[k] = torch.empty(nbytes + nbytes // 2, dtype=torch.uint8, device=self.device)
             self._local.scratch = tuple(scratch)
         return self._local.scratch[k]
 
@@ -324,8 +336,9 @@ class CompiledProgram:
         if len(inputs) != len(self._expected):
             raise CompiledCallError(f"expected {len(self.entry.inputs)} tensor inputs, got {len(inputs)}")
         for k, (x, (dtype, rank, fixed)) in enumerate(zip(inputs, self._expected)):
-            if not x.is_cpu:
-                raise CompiledCallError(f"input {k} is on {x.device}; this program was compiled for the CPU")
+            if not _on(x, self.device):
+                where = "the CPU" if self.device.type == "cpu" else str(self.device)
+                raise CompiledCallError(f"input {k} is on {x.device}; this program was compiled for {where}")
             if x.dtype != dtype or x.dim() != rank or any(x.shape[d] != n for d, n in fixed):
                 raise CompiledCallError(f"input {k} is {TensorType.of(x)}; this program was compiled for "
                                         f"{self.entry.inputs[k]}")
@@ -339,7 +352,7 @@ class CompiledProgram:
         inputs = [x.contiguous() for x in inputs]
         arena, stack, locals_, rets, err = self._scratch()
         layout, arena, stack = self._armed(inputs, arena, stack, err)
-        alloc = alloc or _fresh
+        alloc = alloc or (lambda shape, dtype: _fresh(shape, dtype, self.device))
         outputs = [alloc(shape, t.dtype) for shape, t in zip(layout.shapes, self.entry.outputs)]
         return Bound(inputs, outputs, (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs]),
                      (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs]),
@@ -376,11 +389,14 @@ class CompiledProgram:
                         self.max_depth, b.locals.data_ptr(), b.rets.data_ptr(), b.err, b.workers)
         self.active_workers.report(b.workers, b.err[ERR_PREEMPTED], time.perf_counter() - start)
         if code:
-            self.raise_error(code)
+            self.raise_error(code, b.err)
         return b.outputs   # inputs written in place come back as the last outputs; the caller copies them
 
-    def raise_error(self, code: int):
-        """Raise what the entry's return code `code` (non-zero) means."""
+    def raise_error(self, code: int, err=None):
+        """Raise what the entry's return code `code` (non-zero) means (`err`: the call's err[])."""
+        if code == LAUNCH_FAILED and self._launch_error is not None:
+            why = self._launch_error(err[ERR_PREEMPTED] if err is not None else 0).decode()
+            raise CompiledCallError(f"the CUDA launch failed: {why}")
         errors = self.entry.errors
         message = errors[code - 1] if 0 < code <= len(errors) else f"error {code}"
         if message == INTERRUPTED:
