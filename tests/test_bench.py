@@ -317,3 +317,24 @@ def test_interleaved_rounds_do_not_always_run_the_systems_in_the_same_order():
     assert all(sorted(r) == ["a", "b", "c"] for r in rounds)
     after = {(x, y) for r in rounds for x, y in zip(r, r[1:])}
     assert {(x, y) for x in "abc" for y in "abc" if x != y} <= after
+
+
+@pytest.mark.skipif(find_compiler() is None, reason="no C compiler")
+def test_the_gpu_comparison_rehearses_here_without_a_gpu(tmp_path):
+    """bench.gpu is the one command a lent GPU runs: here it runs end to end on the CPU (the cuda
+    backend on a virtual GPU), records what cannot run with its reason, and writes its files."""
+    from bench import gpu
+    gpu.main(["--device", "cpu", "--quick", "--size", "small", "--models", "lstm,rae",
+              "--systems", "eager,cuda graph,jax,cocktailer", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert [m["model"] for m in data["models"]] == ["lstm", "rae"]
+    for m in data["models"]:
+        rows = m["systems"]
+        assert rows["cuda graph"] == {"status": "not run", "reason": "needs a GPU"}
+        for name in ["eager", "cocktailer"]:
+            assert rows[name]["status"] == "ok" and rows[name]["check"]["passed"]
+            assert rows[name]["runs"] == len(rows[name]["seconds"]) >= 1
+        assert rows["jax"]["status"] in {"ok", "not run"}
+    assert data["gpu"]["device"].startswith("cpu") and data["machine"]["git"]
+    table = (tmp_path / "table.md").read_text()
+    assert "| lstm b1 |" in table and "not run: needs a GPU" in table
