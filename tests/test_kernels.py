@@ -511,6 +511,21 @@ def test_portable_fallback_without_avx512():
         check(case, out)
 
 
+def test_kernels_as_the_cuda_dialect_renders_them():
+    """No GEMM engine (a dot product per output element, a conv pixel per task) and work split
+    at single elements: every product and convolution and every fifth other case, on several
+    workers, each writing only its own elements (the result is poisoned between repetitions)."""
+    picks = [c for k, c in enumerate(ALL_CASES) if c.op in (Op.MATMUL, Op.CONV2D) or k % 5 == 0]
+    lib = Library([c.operation for c in picks], gpu_kernels=True)
+    for j, case in enumerate(picks):
+        for workers in (1, 3, 7):
+            out = garbage(case.operation.results[0].type)
+            err = lib.run(j, [t.contiguous() for t in case.inputs] + [out], workers=workers, reps=2)
+            assert bool(err) == case.fails, (case.id, workers, err)
+            if not case.fails:
+                check(case, out)
+
+
 def test_avx512_paths_build_on_any_machine():
     """The AVX-512 paths compile where the machine lacks AVX-512 (CI may): they run, and are
     checked, only where it has it (test_kernel)."""

@@ -47,6 +47,7 @@ class Dialect:
     threads: int = 1                # lanes per worker that each run the control flow (CUDA threads)
     launched: bool = False          # the entry is a kernel (`<entry>_kernel`) and a host function launching it
     engine: bool = True             # the kernels may use the GEMM engine (KernelContext.engine)
+    line_shares: bool = True        # work is split at cache lines (KernelContext.line_shares)
     tally: str = ""                 # counts an event ({counts}: whether this worker counts it) for reports
     large_skeleton: str = '__attribute__((optimize("O0")))'   # qualifies an entry too long to optimize
 
@@ -133,6 +134,7 @@ _CUDA = Dialect(
     state_index="ct_gt",
     launched=True,
     engine=False,
+    line_shares=False,
     tally="CT_TALLY({counts}, {kind}, {amount});",
     large_skeleton="CT_LARGE_SKELETON",
 )

@@ -155,7 +155,7 @@ class Renderer:
         names = iter(range(1 << 30))
         ctx = KernelContext(ptr=param, worker="w", workers="W", fail=self.fail,
                             fresh=lambda prefix: f"{prefix}_{next(names)}", prepacked=prepacked, simd=self.d.simd,
-                            size=self.size, engine=self.d.engine)
+                            size=self.size, engine=self.d.engine, line_shares=self.d.line_shares)
         body = KERNELS[op.op](op, ctx)
         function = self.kernels.get(body)
         if function is None:

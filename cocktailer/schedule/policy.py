@@ -33,7 +33,8 @@ def map_partition(op: Operation) -> tuple[int, int] | None:
     worker, cut at 64-byte lines (the kernels' `ck_range(n, 64 // itemsize, w, W)`). Two ops
     with the same key give every worker the same elements, so a worker that reads element i
     of a value it wrote itself needs no barrier in between (Rammer: synchronize only where a
-    dependency crosses units)."""
+    dependency crosses units). A dialect that splits at single elements (`line_shares` False:
+    CUDA) gives every op of one count the same shares: the key only distinguishes more."""
     if op.op not in MAP_OPS:
         return None
     out = op.results[0].type   # a symbolic size deals alike wherever it is the same one

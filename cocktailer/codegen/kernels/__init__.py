@@ -10,7 +10,8 @@ by one against it). Shapes are static, so they are emitted as literals.
 
 What the backend core may rely on:
 - Map ops (unary incl. CAST and NOT, binary, WHERE, FULL) give worker w the output elements
-  `ck_range(numel, 64 / itemsize(result), w, W)` (contiguous blocks cut at cache lines) and
+  `ck_range(numel, 64 / itemsize(result), w, W)` (contiguous blocks cut at cache lines; at
+  single elements where the dialect says so, `KernelContext.line_shares`) and
   read each operand of the result's shape only at the elements they write; so two such ops
   with the same (numel, itemsize) need no barrier between them. Operands of other shapes
   (broadcast) are read anywhere.

@@ -103,7 +103,9 @@ def grain(dtype: torch.dtype) -> int:
 
 
 def split(ctx: KernelContext, n: int, g: int, lo: str = "k_lo", hi: str = "k_hi") -> str:
-    """Declares this worker's share [lo, hi) of n items."""
+    """Declares this worker's share [lo, hi) of n items, cut at multiples of g where the
+    context splits at cache lines (else at single items)."""
+    g = g if ctx.line_shares else 1
     return f"int64_t {lo}, {hi}; ck_range({n}, {g}, {ctx.worker}, {ctx.workers}, &{lo}, &{hi});"
 
 

@@ -57,3 +57,7 @@ class KernelContext:
     # the GEMM engine (gemm.py, convgemm.py: GCC vector extensions, x86 intrinsics) is in the
     # prelude; False for a dialect whose kernels run on a GPU: products take plain loops
     engine: bool = True
+    # work split at 64-byte lines (`split`'s grain): on a CPU no two workers write one line
+    # (false sharing); False for a GPU, where each thread takes single elements and a warp's
+    # threads take adjacent ones (its loads coalesce), and a small op still reaches every thread
+    line_shares: bool = True

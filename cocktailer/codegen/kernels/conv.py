@@ -116,13 +116,24 @@ def direct_ok(op: Operation) -> bool:
 
 
 def _direct(T, nb, cin, h, wd, cout, oh, ow, cin_g, kh, kw, g, sh, sw, ph, pw, dh, dw, ctx) -> list[str]:
-    """One output plane (image, channel) per task."""
+    """One output plane (image, channel) per task; without the GEMM engine (a GPU's threads),
+    one output pixel per task, summed in the same order."""
     cout_g = cout // g
-    return [split(ctx, nb * cout, 1),
-            "for (int64_t k_t = k_lo; k_t < k_hi; ++k_t) {",
-            f"const int64_t k_n = k_t / {cout}, k_co = k_t - k_n * {cout}, k_g0 = k_co / {cout_g} * {cin_g};",
-            f"{T}* k_q = k_y + k_t * {oh * ow};",
-            f"for (int64_t k_i = 0; k_i < {oh}; ++k_i) for (int64_t k_j = 0; k_j < {ow}; ++k_j) {{",
+    if ctx.engine:
+        tasks = [split(ctx, nb * cout, 1),
+                 "for (int64_t k_t = k_lo; k_t < k_hi; ++k_t) {",
+                 f"const int64_t k_n = k_t / {cout}, k_co = k_t - k_n * {cout}, k_g0 = k_co / {cout_g} * {cin_g};",
+                 f"{T}* k_q = k_y + k_t * {oh * ow};",
+                 f"for (int64_t k_i = 0; k_i < {oh}; ++k_i) for (int64_t k_j = 0; k_j < {ow}; ++k_j) {{"]
+    else:
+        tasks = [split(ctx, nb * cout * oh * ow, 1),
+                 "for (int64_t k_e = k_lo; k_e < k_hi; ++k_e) {",
+                 f"const int64_t k_t = k_e / {oh * ow}, k_p = k_e - k_t * {oh * ow}, k_i = k_p / {ow}, "
+                 f"k_j = k_p - k_i * {ow};",
+                 f"const int64_t k_n = k_t / {cout}, k_co = k_t - k_n * {cout}, k_g0 = k_co / {cout_g} * {cin_g};",
+                 f"{T}* k_q = k_y + k_t * {oh * ow};",
+                 "{"]
+    return tasks + [
             f"{T} k_s = k_bias ? k_bias[k_co] : 0;",
             f"for (int64_t k_c = 0; k_c < {cin_g}; ++k_c) for (int64_t k_a = 0; k_a < {kh}; ++k_a) {{",
             f"const int64_t k_ih = k_i * {sh} - {ph} + k_a * {dh};",

@@ -154,10 +154,11 @@ def render_matmul(op: Operation, ctx: KernelContext) -> str:
     if K == 0:
         return block(*head, split(ctx, product(nb, M, N), 16),
                      "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_c[k_i] = 0;")
-    narrow_n = isinstance(N, int) and N < 16
-    if dt is not torch.float32 or not (ctx.engine or narrow_n):   # no GEMM engine: its dot products, else loops
+    if not ctx.engine:   # a GPU's threads: one dot product each
+        return block(*head, *_per_output(dt, nb, M, K, N, a_off, b_off, ctx))
+    if dt is not torch.float32:   # the GEMM engine's dot products are float32
         return block(*head, *_generic(dt, nb, M, K, N, a_off, b_off, ctx))
-    if narrow_n:
+    if isinstance(N, int) and N < 16:
         return block(*head, *narrow(nb, M, K, N, a_off, b_off, ctx))
     if isinstance(M, int) and M <= GEMV_ROWS:
         return block(*head, *_gemv(nb, M, K, N, a_off, b_off, ctx))
@@ -253,13 +254,33 @@ def _gemm(nb, M, K, N, a_off, b_off, ctx, b=None, m=None, n=None, lda=None, ldb=
     return gemm_tiles(nb, M, N, mr, nr, ctx, call)
 
 
+def _accumulate(dt, acc: str, a: str, b: str) -> str:
+    """acc += a * b, in dt: integers wrap on overflow like torch, not undefined behaviour."""
+    if dt in (torch.int64, torch.int32):
+        u = "uint64_t" if dt is torch.int64 else "uint32_t"
+        return f"{acc} = ({ctype(dt)})(({u}){acc} + ({u}){a} * ({u}){b});"
+    return f"{acc} += {a} * {b};"
+
+
+def _per_output(dt, nb, M, K, N, a_off, b_off, ctx) -> list[str]:
+    """Without the GEMM engine (a GPU): every output element a unit of its own, a dot product
+    over K in order (as the row loop of `_generic` sums: the same result). A block's threads
+    take neighbouring columns, so a GEMV's batch-1 row spreads over every thread of the grid
+    (the row loop gave it to one) and the threads' reads of a row of B are adjacent."""
+    T = ctype(dt)
+    return [split(ctx, product(nb, M, N), 1),
+            "for (int64_t k_e = k_lo; k_e < k_hi; ++k_e) {",
+            f"const int64_t k_row = k_e / {N}, k_n = k_e - k_row * {N}, k_bi = k_row / {M}, k_m = k_row - k_bi * {M};",
+            f"const {T}* k_pa = k_a + {a_off} + k_m * {K}; const {T}* k_pb = k_b + {b_off} + k_n;",
+            f"{T} k_s = 0;",
+            f"for (int64_t k_k = 0; k_k < {K}; ++k_k) {_accumulate(dt, 'k_s', 'k_pa[k_k]', f'k_pb[k_k * {N}]')}",
+            "k_c[k_e] = k_s;",
+            "}"]
+
+
 def _generic(dt, nb, M, K, N, a_off, b_off, ctx) -> list[str]:
     T = ctype(dt)
-    if dt in (torch.int64, torch.int32):   # wrap on overflow like torch, not undefined behaviour
-        u = "uint64_t" if dt is torch.int64 else "uint32_t"
-        upd = f"k_pc[k_n] = ({T})(({u})k_pc[k_n] + ({u})k_v * ({u})k_pb[k_k * {N} + k_n]);"
-    else:
-        upd = f"k_pc[k_n] += k_v * k_pb[k_k * {N} + k_n];"
+    upd = _accumulate(dt, "k_pc[k_n]", "k_v", f"k_pb[k_k * {N} + k_n]")
     return _rows(nb, M, ctx) + [
         f"const {T}* k_pa = k_a + {a_off} + k_m * {K}; const {T}* k_pb = k_b + {b_off};",
         f"{T}* k_pc = k_c + k_row * {N};",

@@ -37,8 +37,10 @@ static double ck_thread_seconds(void) {
 """
 
 
-def render(ops: Sequence[Operation]) -> tuple[str, list[list[str]]]:
-    """C source with one `run_<i>` per op, and the run-time error messages of each."""
+def render(ops: Sequence[Operation], gpu_kernels: bool = False) -> tuple[str, list[list[str]]]:
+    """C source with one `run_<i>` per op, and the run-time error messages of each.
+    `gpu_kernels`: the kernels as the CUDA dialect renders them (no GEMM engine, work split at
+    single elements: KernelContext.engine, line_shares), run here by the CPU's workers."""
     d = CPU
     parts, messages = [preamble(d), PRELUDE, _CLOCK], []
     for i, op in enumerate(ops):
@@ -55,7 +57,7 @@ def render(ops: Sequence[Operation]) -> tuple[str, list[list[str]]]:
 
         names = iter(range(1 << 30))
         ctx = KernelContext(ptr=ptr, worker="w", workers="W", fail=fail, fresh=lambda p, n=names: f"{p}_{next(n)}",
-                            simd=d.simd)
+                            simd=d.simd, engine=not gpu_kernels, line_shares=not gpu_kernels)
         body = KERNELS[op.op](op, ctx)
         out = op.results[0]
         nbytes, slot = out.type.numel * out.type.dtype.itemsize, slots[out.id]
@@ -77,9 +79,9 @@ def render(ops: Sequence[Operation]) -> tuple[str, list[list[str]]]:
 
 
 class Library:
-    def __init__(self, ops: Sequence[Operation], extra_flags: Sequence[str] = ()):
+    def __init__(self, ops: Sequence[Operation], extra_flags: Sequence[str] = (), gpu_kernels: bool = False):
         self.ops = list(ops)
-        self.source, self.messages = render(self.ops)
+        self.source, self.messages = render(self.ops, gpu_kernels)
         path, _ = compile_shared_library(self.source, extra_flags)
         self.lib, self.path = load_library(path, self.source, extra_flags), str(path)
         self._fns = [getattr(self.lib, f"run_{i}") for i in range(len(self.ops))]
