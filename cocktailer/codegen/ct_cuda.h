@@ -38,7 +38,7 @@ typedef struct {
   int64_t sigints0;     /* the SIGINT counter when the call began (read once, by the host) */
   void* bars; int64_t* steps;   /* grid barriers and the step array, zeroed by ct_launch */
   int64_t bar_bytes, step_bytes;
-  int n_in, n_out, n_cst, n_err;   /* entries of in, out, cst and err: what the GPU launch copies to the device */
+  int n_in, n_out, n_cst, n_err;   /* entries of in, out, cst and err: what ct_stage copies to the device */
 } ct_args;
 /* ct_launch's code when the GPU launch itself failed (err[1] then holds the cudaError_t:
    ct_launch_error names it); generated programs' own codes are positive */
@@ -73,54 +73,30 @@ __device__ static inline int64_t ct_add_fetch(int64_t* p, int64_t v) {
 #define CT_YIELD() __nanosleep(1000)
 __device__ static inline int ct_block_any(int x) { return __syncthreads_or(x); }
 
-/* The runtime binds device memory: the tensors, the arena, the stack, the loop counters and
-   the frames' slots are on the GPU; the tables of pointers (in, out, cst) and err[] are host
-   arrays, copied here into one device buffer with the grid's barriers and step array
-   (zeroed), and err[0..1] copied back after. err[2] is 0 on the device: a host's SIGINT
-   counter is not readable there, so a GPU program is not interrupted by Ctrl-C. */
-static inline int64_t ct_launch_failed(cudaError_t e, int64_t* host_err) {
-  host_err[1] = (int64_t)e;
-  return CT_LAUNCH_FAILED;
-}
+/* the device's memory, for ct_stage (below) */
+typedef cudaError_t ct_status;
+#define CT_OK cudaSuccess
+#define CT_NO_MEMORY cudaErrorMemoryAllocation
+static inline ct_status ct_device_alloc(char** p, size_t n) { return cudaMalloc((void**)p, n); }
+static inline void ct_device_free(char* p) { cudaFree(p); }
+static inline ct_status ct_to_device(void* d, const void* s, size_t n) { return cudaMemcpy(d, s, n, cudaMemcpyHostToDevice); }
+static inline ct_status ct_to_host(void* d, const void* s, size_t n) { return cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost); }
+enum { CT_SIGINTS_READABLE = 0 };   /* the host's SIGINT counter is not readable on the device */
+static inline ct_status ct_stage(ct_args* a);
+
+/* One cooperative launch on the staged call (ct_stage), err[0..1] copied back after. A GPU
+   program is not interrupted by Ctrl-C (see CT_SIGINTS_READABLE). */
 static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
   int64_t* host_err = a.err;
-  const size_t n_ptrs = (size_t)(a.n_in + a.n_out + a.n_cst), err_bytes = (size_t)a.n_err * sizeof(int64_t);
-  const size_t bytes = n_ptrs * sizeof(void*) + err_bytes + (size_t)a.bar_bytes + (size_t)a.step_bytes;
-  char* host = (char*)calloc(1, bytes);
-  if (!host) return ct_launch_failed(cudaErrorMemoryAllocation, host_err);
-  void** ptrs = (void**)host;
-  memcpy(ptrs, a.in, (size_t)a.n_in * sizeof(void*));
-  memcpy(ptrs + a.n_in, a.out, (size_t)a.n_out * sizeof(void*));
-  memcpy(ptrs + a.n_in + a.n_out, a.cst, (size_t)a.n_cst * sizeof(void*));
-  int64_t* err = (int64_t*)(ptrs + n_ptrs);
-  memcpy(err, host_err, err_bytes);
-  err[0] = 0; err[1] = 0; err[2] = 0;
-  /* kept from call to call (per host thread, as the runtime's scratch): cudaMalloc and cudaFree
-     synchronize the device, and a call's tables are a few hundred bytes */
-  static thread_local char* dev = 0;
-  static thread_local size_t dev_bytes = 0;
-  cudaError_t e = cudaSuccess;
-  if (dev_bytes < bytes) {
-    if (dev) cudaFree(dev);
-    dev_bytes = 0;
-    e = cudaMalloc((void**)&dev, bytes);
-    if (e != cudaSuccess) { dev = 0; free(host); return ct_launch_failed(e, host_err); }
-    dev_bytes = bytes;
-  }
-  e = cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice);   /* the barriers and steps: zeros */
-  free(host);
-  void** dev_ptrs = (void**)dev;
-  a.in = dev_ptrs; a.out = dev_ptrs + a.n_in; a.cst = dev_ptrs + a.n_in + a.n_out;
-  a.err = (int64_t*)(dev_ptrs + n_ptrs);
-  a.bars = (char*)a.err + err_bytes;
-  a.steps = (int64_t*)((char*)a.bars + a.bar_bytes);
   a.sigints0 = 0;
+  ct_status e = ct_stage(&a);
   void* params[] = { &a };
-  if (e == cudaSuccess)
-    e = cudaLaunchCooperativeKernel((const void*)kernel, dim3(a.nw), dim3(threads), params, 0, 0);
-  if (e == cudaSuccess) e = cudaDeviceSynchronize();
-  if (e == cudaSuccess) e = cudaMemcpy(host_err, a.err, 2 * sizeof(int64_t), cudaMemcpyDeviceToHost);
-  return e == cudaSuccess ? host_err[0] : ct_launch_failed(e, host_err);
+  if (e == CT_OK) e = cudaLaunchCooperativeKernel((const void*)kernel, dim3(a.nw), dim3(threads), params, 0, 0);
+  if (e == CT_OK) e = cudaDeviceSynchronize();
+  if (e == CT_OK) e = ct_to_host(host_err, a.err, 2 * sizeof(int64_t));
+  if (e == CT_OK) return host_err[0];
+  host_err[1] = (int64_t)e;
+  return CT_LAUNCH_FAILED;
 }
 CT_HOST const char* ct_launch_error(int64_t code) { return cudaGetErrorString((cudaError_t)code); }
 
@@ -183,23 +159,33 @@ static void* ct_vthread_main(void* p) {
   return 0;
 }
 
-/* One OS thread per CUDA thread. They start together once all exist: where one cannot be
+/* the "device" memory of the virtual GPU is the host's, for ct_stage (below) */
+typedef int ct_status;
+#define CT_OK 0
+#define CT_NO_MEMORY 1
+static inline ct_status ct_device_alloc(char** p, size_t n) { *p = (char*)malloc(n); return *p ? CT_OK : CT_NO_MEMORY; }
+static inline void ct_device_free(char* p) { free(p); }
+static inline ct_status ct_to_device(void* d, const void* s, size_t n) { memcpy(d, s, n); return CT_OK; }
+static inline ct_status ct_to_host(void* d, const void* s, size_t n) { memcpy(d, s, n); return CT_OK; }
+enum { CT_SIGINTS_READABLE = 1 };
+static inline ct_status ct_stage(ct_args* a);
+
+/* One OS thread per CUDA thread, on the call staged as for the GPU (ct_stage: a short count
+   of a table shows here too). They start together once all exist: where one cannot be
    created, none runs (the others would wait for it at their first barrier) and the launch
    fails. */
 static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
   const int n = a.nw * threads;
-  a.err[0] = 0; a.err[1] = 0;   /* an error code; how often workers were preempted (never, here) */
+  int64_t* host_err = a.err;
   a.sigints0 = __atomic_load_n(a.err[2] ? (const int64_t*)(intptr_t)a.err[2] : &a.err[2], __ATOMIC_RELAXED);
   const char* shake = getenv("COCKTAILER_SHAKE");
   ct_shake = shake != 0 && shake[0] == '1';
-  a.bars = calloc(1, (size_t)a.bar_bytes);
-  a.steps = (int64_t*)calloc(1, (size_t)a.step_bytes);
   ct_vblock* blocks = (ct_vblock*)calloc((size_t)a.nw, sizeof(ct_vblock));
   ct_vstart* starts = (ct_vstart*)calloc((size_t)n, sizeof(ct_vstart));
   pthread_t* ids = (pthread_t*)calloc((size_t)n, sizeof(pthread_t));
   int64_t code = CT_LAUNCH_FAILED;
   int gate = 0;
-  if (a.bars && a.steps && blocks && starts && ids) {
+  if (blocks && starts && ids && ct_stage(&a) == CT_OK) {
     for (int b = 0; b < a.nw; ++b) pthread_barrier_init(&blocks[b].bar, 0, (unsigned)threads);
     int started = 0;
     for (; started < n; ++started) {
@@ -212,9 +198,12 @@ static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
     __atomic_store_n(&gate, started == n ? 1 : 2, __ATOMIC_RELEASE);
     for (int t = 0; t < started; ++t) pthread_join(ids[t], 0);
     for (int b = 0; b < a.nw; ++b) pthread_barrier_destroy(&blocks[b].bar);
-    code = started == n ? a.err[0] : CT_LAUNCH_FAILED;
+    if (started == n) {
+      ct_to_host(host_err, a.err, 2 * sizeof(int64_t));
+      code = host_err[0];
+    }
   }
-  free(a.bars); free(a.steps); free(blocks); free(starts); free(ids);
+  free(blocks); free(starts); free(ids);
   return code;
 }
 CT_HOST const char* ct_launch_error(int64_t code) {
@@ -222,6 +211,45 @@ CT_HOST const char* ct_launch_error(int64_t code) {
   return "the virtual GPU could not start one OS thread per CUDA thread (or allocate their state)";
 }
 #endif
+
+/* The call as the device sees it. The runtime binds device memory (on the virtual GPU, the
+   host's): the tensors, the arena, the stack, the loop counters and the frames' slots; the
+   tables of pointers (in, out, cst) and err[] are host arrays, copied here into one device
+   buffer after which come the grid's barriers and step array (zeroed); `a` is repointed at
+   the copies. The buffer is kept from call to call, per host thread as the runtime's scratch
+   (on a GPU, cudaMalloc and cudaFree synchronize the device). */
+static inline ct_status ct_stage(ct_args* a) {
+  static thread_local char* dev = 0;
+  static thread_local size_t dev_bytes = 0;
+  const size_t n_ptrs = (size_t)(a->n_in + a->n_out + a->n_cst), err_bytes = (size_t)a->n_err * sizeof(int64_t);
+  const size_t bytes = n_ptrs * sizeof(void*) + err_bytes + (size_t)a->bar_bytes + (size_t)a->step_bytes;
+  char* host = (char*)calloc(1, bytes);
+  if (!host) return CT_NO_MEMORY;
+  void** ptrs = (void**)host;
+  memcpy(ptrs, a->in, (size_t)a->n_in * sizeof(void*));
+  memcpy(ptrs + a->n_in, a->out, (size_t)a->n_out * sizeof(void*));
+  memcpy(ptrs + a->n_in + a->n_out, a->cst, (size_t)a->n_cst * sizeof(void*));
+  int64_t* err = (int64_t*)(ptrs + n_ptrs);
+  memcpy(err, a->err, err_bytes);
+  err[0] = 0; err[1] = 0;   /* an error code; how often workers were preempted (never, here) */
+  if (!CT_SIGINTS_READABLE) err[2] = 0;
+  ct_status e = CT_OK;
+  if (dev_bytes < bytes) {
+    if (dev) ct_device_free(dev);
+    dev_bytes = 0;
+    e = ct_device_alloc(&dev, bytes);
+    if (e == CT_OK) dev_bytes = bytes; else dev = 0;
+  }
+  if (e == CT_OK) e = ct_to_device(dev, host, bytes);
+  free(host);
+  if (e != CT_OK) return e;
+  void** dev_ptrs = (void**)dev;
+  a->in = dev_ptrs; a->out = dev_ptrs + a->n_in; a->cst = dev_ptrs + a->n_in + a->n_out;
+  a->err = (int64_t*)(dev_ptrs + n_ptrs);
+  a->bars = (char*)a->err + err_bytes;
+  a->steps = (int64_t*)((char*)a->bars + a->bar_bytes);
+  return CT_OK;
+}
 
 /* What one call did, for reports without a GPU (bench/cuda_report.py): operators run, bytes
    they and the copies read and write, grid barriers, fine-grained steps. Counted on the virtual
