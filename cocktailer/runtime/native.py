@@ -5,6 +5,7 @@ the backend says what the scratch memory holds, which constants to bind and how 
 ones kept in a layout of their own (`Packed`)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
@@ -385,12 +386,22 @@ class CompiledProgram:
     def __call__(self, inputs: Sequence[torch.Tensor], alloc: Allocate | None = None) -> list[torch.Tensor]:
         b = self.bind(inputs, alloc)
         start = time.perf_counter()
-        code = b.function(b.input_pointers, b.output_pointers, b.constants, b.arena.data_ptr(), b.stack.data_ptr(),
-                        self.max_depth, b.locals.data_ptr(), b.rets.data_ptr(), b.err, b.workers)
+        with self._on_device():
+            code = b.function(b.input_pointers, b.output_pointers, b.constants, b.arena.data_ptr(), b.stack.data_ptr(),
+                              self.max_depth, b.locals.data_ptr(), b.rets.data_ptr(), b.err, b.workers)
         self.active_workers.report(b.workers, b.err[ERR_PREEMPTED], time.perf_counter() - start)
         if code:
             self.raise_error(code, b.err)
         return b.outputs   # inputs written in place come back as the last outputs; the caller copies them
+
+    def _on_device(self):
+        """Where a CUDA program's launch runs: its tensors' GPU made current (the launch uses the
+        current one), after the work torch queued on its current stream for that GPU (the launch
+        is on the default stream, which a stream of torch's does not wait for)."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        torch.cuda.current_stream(self.device).synchronize()
+        return torch.cuda.device(self.device)
 
     def raise_error(self, code: int, err=None):
         """Raise what the entry's return code `code` (non-zero) means (`err`: the call's err[])."""
