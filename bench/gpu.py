@@ -11,16 +11,18 @@ in a device synchronization. Results are written after every model (so a run sto
 limit still leaves what it measured): results.json (machine, GPU, driver, versions, commit, raw
 timings) and table.md.
 
-    python -m bench.gpu --out bench/results/gpu-<commit>
+    python -m bench.gpu --model-timeout 240 --out bench/results/gpu-<commit>
     python -m bench.gpu --device cpu --quick --out /tmp/rehearsal   # the same script without a GPU:
         # cocktailer on a virtual GPU, no CUDA graphs; checks the script, measures nothing of a GPU
 """
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -30,7 +32,7 @@ import torch
 import cocktailer
 from bench import machine
 from bench.compare import compare
-from bench.results import write_small_run
+from bench.results import json_safe, write_small_run
 from bench.timing import FULL, QUICK, measure_interleaved, summarize
 from cocktailer import models
 
@@ -135,6 +137,7 @@ def run_model(name: str, size: str, batch: int, device: torch.device, systems: l
     expected = model(*inputs)
     rows, ready = {}, []
     for system in systems:
+        print(f"{name}: preparing {system.name}", file=sys.stderr, flush=True)   # what a timeout's tail names
         start = time.perf_counter()
         try:
             call = _synchronized(system.prepare(model, inputs, device), device)
@@ -172,6 +175,9 @@ def table(data: dict) -> str:
              machine.summary(data["machine"]), "",
              "| model | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for r in data["models"]:
+        if "systems" not in r:
+            lines.append(f"| {r['model']} b{r['batch']} | " + " | ".join([r["status"]] * len(names)) + " |")
+            continue
         rows = r["systems"]
         ours = [rows[n]["median_s"] for n in names if n.startswith("cocktailer") and "median_s" in rows.get(n, {})]
         best = min(ours) if ours else None
@@ -198,6 +204,9 @@ def main(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--quick", action="store_true", help="fewer timed runs")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/gpu"))
+    p.add_argument("--model-timeout", type=float, default=0,
+                   help="run each model in a process of its own, stopped after this many seconds (0: in this one)")
+    p.add_argument("--child-json", type=pathlib.Path, help=argparse.SUPPRESS)   # a --model-timeout child's result
     args = p.parse_args(argv)
     device = torch.device(args.device)
     wanted = args.systems.split(",")
@@ -211,11 +220,39 @@ def main(argv=None):
     torch.set_grad_enabled(False)
     data = {"machine": machine.describe(), "gpu": gpu_description(device), "size": args.size,
             "systems": [s.name for s in systems], "models": []}
+    budget = QUICK if args.quick else FULL
     for name in args.models.split(","):
-        data["models"].append(run_model(name, args.size, args.batch, device, systems, QUICK if args.quick else FULL))
-        done = data["models"][-1]["systems"].items()
-        print(f"{name}: " + ", ".join(f"{k} {v.get('median_s', v['status'])}" for k, v in done), file=sys.stderr, flush=True)
+        if args.model_timeout:
+            result = _in_child(name, argv if argv is not None else sys.argv[1:], args.model_timeout, args.batch)
+        else:
+            result = run_model(name, args.size, args.batch, device, systems, budget)
+        if args.child_json:
+            args.child_json.write_text(json.dumps(json_safe(result)))
+            return
+        data["models"].append(result)
+        done = [f"{k} {v.get('median_s', v['status'])}" for k, v in result.get("systems", {}).items()]
+        print(f"{name}: " + (", ".join(done) or result.get("status", "")), file=sys.stderr, flush=True)
         write_small_run(args.out, data, table(data))
+
+
+def _in_child(name: str, argv: list[str], timeout: float, batch: int) -> dict:
+    """`name`'s run_model in a process of its own: a kernel that never returns (a grid barrier
+    some block never reaches) cannot be interrupted from Python, and must not take the rest of
+    a lent GPU's time with it."""
+    with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
+        out = pathlib.Path(tmp) / "model.json"
+        command = [sys.executable, "-m", "bench.gpu", *argv, "--models", name, "--model-timeout", "0",
+                   "--child-json", str(out)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            tail = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+            return {"model": name, "batch": batch, "status": f"timed out after {timeout:.0f} s",
+                    "stderr_tail": tail[-2000:]}
+        if done.returncode != 0 or not out.exists():
+            return {"model": name, "batch": batch, "status": f"failed (exit {done.returncode})",
+                    "stderr_tail": done.stderr[-2000:]}
+        return json.loads(out.read_text())
 
 
 if __name__ == "__main__":

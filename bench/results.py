@@ -41,24 +41,24 @@ class ResultStore:
     def save(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(_finite(self.data), indent=1))
+        tmp.write_text(json.dumps(json_safe(self.data), indent=1))
         os.replace(tmp, self.path)   # atomic: a reader never sees half a file
 
 
 def write_small_run(out: pathlib.Path, data: dict, table: str):
     """A one-shot benchmark's results.json and table.md (the table printed too)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(_finite(data), indent=1))
+    (out / "results.json").write_text(json.dumps(json_safe(data), indent=1))
     (out / "table.md").write_text(table)
     print(table)
 
 
-def _finite(value):
+def json_safe(value):
     """JSON has no inf/nan: write them as strings."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [json_safe(v) for v in value]
     return value

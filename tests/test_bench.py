@@ -338,3 +338,8 @@ def test_the_gpu_comparison_rehearses_here_without_a_gpu(tmp_path):
     assert data["gpu"]["device"].startswith("cpu") and data["machine"]["git"]
     table = (tmp_path / "table.md").read_text()
     assert "| lstm b1 |" in table and "not run: needs a GPU" in table
+    # each model in a process of its own, as on a lent GPU (a kernel that never returns stops there)
+    gpu.main(["--device", "cpu", "--quick", "--size", "small", "--models", "lstm", "--systems", "eager,cuda graph",
+              "--model-timeout", "300", "--out", str(tmp_path / "isolated")])
+    (isolated,) = json.loads((tmp_path / "isolated" / "results.json").read_text())["models"]
+    assert isolated["systems"]["eager"]["check"]["passed"] and isolated["systems"]["cuda graph"]["status"] == "not run"
