@@ -38,7 +38,7 @@ from cocktailer.schedule.device import H100, resident_blocks_per_sm
 THREADS = 32          # threads per block of the generated kernels
 BLOCKS = 2            # blocks of the virtual GPU the counts are taken on (the counts do not depend on it)
 ARCHS = ("sm_80", "sm_90")
-TALLIES = ("operators", "bytes", "grid_barriers", "steps")   # ct_cuda.h's CT_T_* order
+TALLIES = ("operators", "bytes", "grid_barriers", "steps", "shared_bytes")   # ct_cuda.h's CT_T_* order
 
 
 class EagerCounts(TorchDispatchMode):

@@ -126,7 +126,10 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     run inside its native blocks, where every op they control has a native kernel. The "cuda"
     backend ("auto" picks it for CUDA tensors) compiles with nvcc for the tensors' GPU, a block
     of `threads` threads (default 32) per SM unless `workers` says how many; without a toolkit
-    the reference backend runs them, with one warning. On CPU tensors it takes
+    the reference backend runs them, with one warning; `control_stack` says where each block
+    keeps its control state (the simulated stack's labels and frames, loop counters):
+    "shared" (default: in the block's shared memory where it fits, else global) or "global".
+    On CPU tensors it takes
     `virtual_gpu=True` (run the generated CUDA on a virtual GPU, its CPU execution mode:
     `workers` blocks of `threads` threads, default 2 x 32); without it, the program runs on
     the cpu backend with one warning.

@@ -122,6 +122,33 @@ def test_recursion_runs_on_the_simulated_stack_of_every_block():
             assert_same(fast(*inputs), model(*inputs), RTOL, ATOL)
 
 
+@pytest.mark.parametrize("control_stack,max_depth,threads,in_shared", [
+    ("shared", 40, 8, True),      # 41 frames x (8 slots + counters) x 8 B x 8 lanes: fits a block
+    ("shared", 2000, 32, False),  # 2001 frames x 32 lanes: over the 227 KB a block may have
+    ("global", 40, 8, False)])
+def test_the_control_stack_in_shared_or_global_memory(control_stack, max_depth, threads, in_shared):
+    """The simulated stack's labels and caller frames and the loop counters (Cocktailer keeps
+    them in shared memory where they fit, or in global memory; the paper measures both): the
+    launch puts them in each block's shared memory where they fit, and either way the
+    recursion's results are eager's."""
+    import ctypes
+    model = seeded(RAE)
+    instances = zoo_inputs()
+    fast = cocktailer.compile(model, instances[0], backend="cuda",
+                              options=virtual(2, threads, control_stack=control_stack, max_depth=max_depth))
+    (_, executable), = fast.cache.values()
+    read = ctypes.CDLL(executable.library).ct_tallies
+    counts = (ctypes.c_int64 * 5)()
+    read(counts)
+    for inputs in instances:
+        with torch.no_grad():
+            assert_same(fast(*inputs), model(*inputs), RTOL, ATOL)
+        read(counts)
+        assert (counts[4] > 0) == in_shared
+        if in_shared:   # every depth's frame for each lane
+            assert counts[4] >= (max_depth + 1) * 9 * 8 * threads
+
+
 def test_calls_fan_out_to_groups_of_blocks():
     w = models.make("treefc", batch=2, size="small", seed=1)
     fast = cocktailer.compile(w.model, w.inputs, backend="cuda", options=virtual(4, 4, fan_out=True))
@@ -171,7 +198,7 @@ def test_the_virtual_gpu_counts_what_a_call_did():
     fast = cocktailer.compile(halve_until_small, (torch.ones(4),), backend="cuda", options=virtual(2, 4))
     (_, executable), = fast.cache.values()
     read = ctypes.CDLL(executable.library).ct_tallies
-    counts = (ctypes.c_int64 * 4)()
+    counts = (ctypes.c_int64 * 5)()
 
     def tallies(k):   # 2 ** (k + 1) halves to 1 in k + 1 iterations
         fast(torch.full((4,), 2.0 ** k))
@@ -181,8 +208,10 @@ def test_the_virtual_gpu_counts_what_a_call_did():
     t3, t4, t5 = tallies(3), tallies(4), tallies(5)
     per_iteration = [b - a for a, b in zip(t3, t4)]
     assert [b - a for a, b in zip(t3, t5)] == [2 * d for d in per_iteration]
-    operators, nbytes, barriers, steps = per_iteration
-    assert operators > 0 and nbytes >= 4 * 4 * 2 and barriers > 0 and steps == 0
+    operators, nbytes, barriers, steps, shared = per_iteration
+    assert operators > 0 and nbytes >= 4 * 4 * 2 and barriers > 0 and steps == 0 and shared == 0
+    # no recursion: one frame of control state per lane, (8 slots + its loop counters) x 8 bytes x 4 lanes
+    assert t3[4] >= 9 * 8 * 4
 
 
 def test_explain_shows_the_one_program_the_kernel_runs():
@@ -271,7 +300,7 @@ def test_the_launch_copies_every_table_entry_the_runtime_binds(name):
     fn, input_sets = _cases()[name]
     fast = cocktailer.compile(fn, input_sets[0], backend="cuda", options=virtual())
     (_, executable), = fast.cache.values()
-    launcher = re.search(r"ct_args a = \{[^}]*CT_STEP_STRIDE \* nw, (\d+), (\d+), (\d+), (\d+) \}",
+    launcher = re.search(r"ct_args a = \{[^}]*CT_STEP_STRIDE \* nw, 0, (\d+), (\d+), (\d+), (\d+) \}",
                          executable.record.source)
     err = executable._scratch()[4]
     entry = executable.entry

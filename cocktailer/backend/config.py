@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 DEFAULT_MAX_DEPTH = 256   # frames of the recursion stack
 POLICIES = ("simple", "measured")
 BACKENDS = ("cpu", "host", "cuda")
+CONTROL_STACKS = ("shared", "global")
 # The measured policy's steps, in the order it takes them (schedule.search says what each tries).
 STEPS = ("host level", "nested constructs at L1", "control flow at L1", "SetResource", "recursion unroll",
          "loop unroll", "wavefront", "fine-grained barriers")
@@ -37,6 +38,9 @@ class Config:
     # `threads` threads, each an OS thread): how its programs are checked without a GPU
     virtual_gpu: bool = False
     threads: int = 32            # cuda: threads per block
+    # cuda: where the control state (the simulated stack's labels and frames, loop counters) lives:
+    # "shared" (a block's shared memory where it fits, else global memory) or "global"
+    control_stack: str = "shared"
     # measured policy: more argument tuples to time candidates on (not part of what is built)
     samples: tuple = field(default=(), compare=False, hash=False)
 
@@ -92,5 +96,7 @@ def _check(c: Config):
         value = getattr(c, name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"option {name} must be a positive int, got {value!r}")
+    if c.control_stack not in CONTROL_STACKS:
+        raise ValueError(f"option control_stack must be one of {', '.join(CONTROL_STACKS)}, got {c.control_stack!r}")
     if c.native_from is not None and (not isinstance(c.native_from, int) or c.native_from < 0):
         raise ValueError(f"option native_from must be an int >= 0, got {c.native_from!r}")

@@ -77,7 +77,7 @@ def fuse(b: Build) -> str:
 
 def dialect_of(config: Config) -> Dialect:
     """The C dialect a configuration's programs are rendered in."""
-    return cuda(config.threads) if config.backend == "cuda" else CPU
+    return cuda(config.threads, config.control_stack == "shared") if config.backend == "cuda" else CPU
 
 
 def fold_views(b: Build) -> str:

@@ -11,6 +11,9 @@
      CT_LARGE_SKELETON                a kernel too long to optimize (the virtual GPU compiles it at -O0)
      CT_BLOCK, CT_BLOCKS, CT_LANE, CT_LANES   this block and the grid's, this thread and the block's
      ct_block_any(x)                  block barrier; true on every lane if x was true on any
+     CT_BLOCK_SHARED                  this block's shared memory (int64_t*, args.shared_bytes of it)
+     ct_shared_limit()                the most shared memory a block may have (the control state
+                                      moves there when it fits: ct_cuda_state_bytes)
      CT_LOAD_ACQUIRE ... CT_ADD_FETCH atomics on int64_t shared by blocks (device scope)
      CT_PAUSE(), CT_YIELD()           what a spinning lane does while it waits
      ct_launch(kernel, args, threads) one cooperative launch of `args.nw` blocks; returns err[0],
@@ -38,12 +41,19 @@ typedef struct {
   int64_t sigints0;     /* the SIGINT counter when the call began (read once, by the host) */
   void* bars; int64_t* steps;   /* grid barriers and the step array, zeroed by ct_launch */
   int64_t bar_bytes, step_bytes;
+  int64_t shared_bytes;   /* the block's shared memory: the control state's (0: it is in locals and rets) */
   int n_in, n_out, n_cst, n_err;   /* entries of in, out, cst and err: what ct_stage copies to the device */
 } ct_args;
 /* ct_launch's code when the GPU launch itself failed (err[1] then holds the cudaError_t:
    ct_launch_error names it); generated programs' own codes are positive */
 enum { CT_LAUNCH_FAILED = -2 };
 typedef void (*ct_kernel)(ct_args);
+/* What one call did, for reports without a GPU (bench/cuda_report.py): operators run, bytes
+   they and the copies read and write, grid barriers, fine-grained steps, the shared memory
+   the launch gave each block. Counted on the virtual GPU only, once per event (by its team's
+   first worker's lane 0, or the launch); read and reset by ct_tallies. */
+enum { CT_T_OPERATORS, CT_T_BYTES, CT_T_BARRIERS, CT_T_STEPS, CT_T_SHARED_BYTES, CT_TALLIES };
+static int64_t ct_tally[CT_TALLIES];
 
 #ifdef __CUDACC__
 /* ---------------------------------------------------------------- the real GPU */
@@ -72,6 +82,18 @@ __device__ static inline int64_t ct_add_fetch(int64_t* p, int64_t v) {
 #define CT_PAUSE() __nanosleep(32)
 #define CT_YIELD() __nanosleep(1000)
 __device__ static inline int ct_block_any(int x) { return __syncthreads_or(x); }
+extern __shared__ int64_t ct_shared_mem[];
+#define CT_BLOCK_SHARED (ct_shared_mem)
+/* the device's opt-in limit per block (227 KB on an H100), read once */
+static inline int64_t ct_shared_limit(void) {
+  static int64_t limit = -1;
+  if (limit < 0) {
+    int device = 0, bytes = 0;
+    limit = cudaGetDevice(&device) == cudaSuccess &&
+            cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess ? bytes : 0;
+  }
+  return limit;
+}
 
 /* the device's memory, for ct_stage (below) */
 typedef cudaError_t ct_status;
@@ -91,7 +113,10 @@ static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
   a.sigints0 = 0;
   ct_status e = ct_stage(&a);
   void* params[] = { &a };
-  if (e == CT_OK) e = cudaLaunchCooperativeKernel((const void*)kernel, dim3(a.nw), dim3(threads), params, 0, 0);
+  if (e == CT_OK && a.shared_bytes > 48 * 1024)   /* above the default, a kernel must ask for it */
+    e = cudaFuncSetAttribute((const void*)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)a.shared_bytes);
+  if (e == CT_OK)
+    e = cudaLaunchCooperativeKernel((const void*)kernel, dim3(a.nw), dim3(threads), params, (size_t)a.shared_bytes, 0);
   if (e == CT_OK) e = cudaDeviceSynchronize();
   if (e == CT_OK) e = ct_to_host(host_err, a.err, 2 * sizeof(int64_t));
   if (e == CT_OK) return host_err[0];
@@ -114,6 +139,7 @@ CT_HOST const char* ct_launch_error(int64_t code) { return cudaGetErrorString((c
 typedef struct {
   pthread_barrier_t bar;
   int any[3];           /* ct_block_any's flags: round r sets any[r % 3], see there */
+  int64_t* shared;      /* the block's shared memory */
 } ct_vblock;
 typedef struct { int block, blocks, lane, lanes; int64_t round; ct_vblock* vb; unsigned seed; } ct_vthread;
 static thread_local ct_vthread ct_self;
@@ -122,6 +148,9 @@ static int ct_shake = 0;
 #define CT_BLOCKS (ct_self.blocks)
 #define CT_LANE (ct_self.lane)
 #define CT_LANES (ct_self.lanes)
+#define CT_BLOCK_SHARED (ct_self.vb->shared)
+/* as an H100's opt-in limit per block, so that the virtual GPU makes the GPU's choices */
+static inline int64_t ct_shared_limit(void) { return 227 * 1024; }
 static inline void ct_maybe_yield(void) {
   if (ct_shake && (rand_r(&ct_self.seed) & 3) == 0) sched_yield();
 }
@@ -183,10 +212,15 @@ static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
   ct_vblock* blocks = (ct_vblock*)calloc((size_t)a.nw, sizeof(ct_vblock));
   ct_vstart* starts = (ct_vstart*)calloc((size_t)n, sizeof(ct_vstart));
   pthread_t* ids = (pthread_t*)calloc((size_t)n, sizeof(pthread_t));
+  char* shared = (char*)calloc((size_t)a.nw, (size_t)a.shared_bytes + 64);
   int64_t code = CT_LAUNCH_FAILED;
   int gate = 0;
-  if (blocks && starts && ids && ct_stage(&a) == CT_OK) {
-    for (int b = 0; b < a.nw; ++b) pthread_barrier_init(&blocks[b].bar, 0, (unsigned)threads);
+  __atomic_add_fetch(&ct_tally[CT_T_SHARED_BYTES], a.shared_bytes, __ATOMIC_RELAXED);
+  if (blocks && starts && ids && shared && ct_stage(&a) == CT_OK) {
+    for (int b = 0; b < a.nw; ++b) {
+      pthread_barrier_init(&blocks[b].bar, 0, (unsigned)threads);
+      blocks[b].shared = (int64_t*)(shared + (size_t)b * ((size_t)a.shared_bytes + 64));
+    }
     int started = 0;
     for (; started < n; ++started) {
       const int b = started / threads, l = started % threads;
@@ -203,7 +237,7 @@ static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
       code = host_err[0];
     }
   }
-  free(blocks); free(starts); free(ids);
+  free(blocks); free(starts); free(ids); free(shared);
   return code;
 }
 CT_HOST const char* ct_launch_error(int64_t code) {
@@ -251,12 +285,6 @@ static inline ct_status ct_stage(ct_args* a) {
   return CT_OK;
 }
 
-/* What one call did, for reports without a GPU (bench/cuda_report.py): operators run, bytes
-   they and the copies read and write, grid barriers, fine-grained steps. Counted on the virtual
-   GPU only, once per event (by its team's first worker's lane 0); read and reset by
-   ct_tallies. */
-enum { CT_T_OPERATORS, CT_T_BYTES, CT_T_BARRIERS, CT_T_STEPS, CT_TALLIES };
-static int64_t ct_tally[CT_TALLIES];
 #ifdef __CUDACC__
 #define CT_TALLY(counts, k, n) ((void)0)
 #else

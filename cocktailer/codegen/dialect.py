@@ -48,6 +48,8 @@ class Dialect:
     launched: bool = False          # the entry is a kernel (`<entry>_kernel`) and a host function launching it
     engine: bool = True             # the kernels may use the GEMM engine (KernelContext.engine)
     line_shares: bool = True        # work is split at cache lines (KernelContext.line_shares)
+    state_in_shared: bool = False   # the control state (frames' slots, loop counters) in a block's shared
+                                    # memory where the launch finds room for it (CT_BLOCK_SHARED)
     tally: str = ""                 # counts an event ({counts}: whether this worker counts it) for reports
     large_skeleton: str = '__attribute__((optimize("O0")))'   # qualifies an entry too long to optimize
 
@@ -108,10 +110,12 @@ CPU = Dialect(
 )
 
 
-def cuda(threads: int = 32) -> Dialect:
+def cuda(threads: int = 32, state_in_shared: bool = True) -> Dialect:
     """The CUDA dialect for blocks of `threads` threads: one block per worker (vEU), the program
-    one persistent kernel launched cooperatively (`ct_cuda.h`'s `ct_launch`)."""
-    return replace(_CUDA, threads=threads)
+    one persistent kernel launched cooperatively (`ct_cuda.h`'s `ct_launch`); its control state
+    (the simulated stack's resume labels and caller frames, loop counters) in the block's shared
+    memory where it fits, else (or with `state_in_shared` False) in global memory."""
+    return replace(_CUDA, threads=threads, state_in_shared=state_in_shared)
 
 
 _CUDA = Dialect(

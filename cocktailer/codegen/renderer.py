@@ -375,11 +375,17 @@ class Renderer:
         self.emit("  ct_barrier_t* ct_team = &ct_bars[0]; char* stack = stack_all;")
         self.emit("  #define CT_TEAM() (ct_team = &ct_bars[ct_lead * CT_MAX_NEST + ct_nest], "
                   "stack = stack_all + (int64_t)ct_lead * max_depth * FRAME)")
-        self.emit(f"  int64_t* ct_slots = rets + (int64_t){d.state_index} * (max_depth + 1) * CT_SLOTS;")
+        slots = f"rets + (int64_t){d.state_index} * (max_depth + 1) * CT_SLOTS"
+        counters = f"locals + (int64_t){d.state_index} * (max_depth + 1) * NLOC"
+        if d.state_in_shared:   # where the launch found room (ct_a.shared_bytes): each lane's rows there
+            self.emit(f"  const int64_t ct_frames = {self._state_frames()};")
+            slots = f"ct_a.shared_bytes ? CT_BLOCK_SHARED + (int64_t)CT_LANE * ct_frames * (CT_SLOTS + NLOC) : {slots}"
+            counters = f"ct_a.shared_bytes ? ct_slots + ct_frames * CT_SLOTS : {counters}"
+        self.emit(f"  int64_t* ct_slots = {slots};")
         self.emit("  #define CT_S(d, k) ct_slots[((d) + 1) * CT_SLOTS + (k)]   /* per worker and depth */")
         self.emit("  #define CT_R(d) CT_S(d, 0)   /* resume label of the call at depth d */")
         self.emit("  #define CT_F(d) CT_S(d, 1)   /* its caller's frame */")
-        self.emit(f"  int64_t* L0 = locals + (int64_t){d.state_index} * (max_depth + 1) * NLOC;")
+        self.emit(f"  int64_t* L0 = {counters};")
         self.emit("  #define CT_L (L0 + (sp + 1) * NLOC)   /* this frame's loop counters */")
         workers_check = len(self.lines)   # after every declaration: C++ (CUDA) jumps over none
         self.block(self.up.functions[self.program.entry])
@@ -420,6 +426,11 @@ class Renderer:
                              f"{body}\nreturn 0;\n}}")
         return Rendered("\n".join(functions + self.lines) + "\n", self.errors, plan, self.entry, self.prepacked)
 
+    def _state_frames(self) -> str:
+        """Frames of control state a lane keeps (C, with max_depth): one per depth of a recursion,
+        else the entry's alone."""
+        return "(max_depth + 1)" if len(self.program.functions) > 1 else "1"
+
     def _launcher(self):
         """The entry point on the host: one launch of the kernel, a block per worker (`nw`),
         with the grid's barriers and step array (ct_cuda.h's ct_launch zeroes them, and err),
@@ -431,7 +442,11 @@ class Renderer:
                   self.frame_dynamic_at + len(plan.frame_dynamic) + 1]   # err[]'s entries: see render()
         self.emit("  ct_args a = { in, out, cst, arena, stack_all, max_depth, locals, rets, err, nw, 0, 0, 0,")
         self.emit("                (int64_t)sizeof(ct_barrier_t) * CT_MAX_NEST * nw, "
-                  f"(int64_t)sizeof(int64_t) * CT_STEP_STRIDE * nw, {', '.join(map(str, counts))} }};")
+                  f"(int64_t)sizeof(int64_t) * CT_STEP_STRIDE * nw, 0, {', '.join(map(str, counts))} }};")
+        if self.d.state_in_shared:   # the control state in the block's shared memory, where it fits
+            self.emit(f"  const int64_t ct_state = (int64_t){self._state_frames()} * (CT_SLOTS + "
+                      f"{max(plan.locals_per_frame, 1)}) * (int64_t)sizeof(int64_t) * {self.d.threads};")
+            self.emit("  a.shared_bytes = ct_state <= ct_shared_limit() ? ct_state : 0;")
         self.emit(f"  return ct_launch({self.entry}_kernel, a, {self.d.threads});")
         self.emit("}")
 
