@@ -77,6 +77,15 @@ class Cell(nn.Module):
         return h
 
 
+def many_reductions(x):
+    return (x.sum(), x.mean(-1), (x * 0.001 + 1).prod(-1), x.amax(-1), x.amin(), (x > 2.5).any(), (x > -4).all(),
+            x.norm(), x.argmax(), x.argmin(-1), x.argmax(0), x.sum(0))
+
+
+def integer_reductions(x):
+    return x.sum(), x.amax(-1), x.argmax(), x.argmin(-1), x.argmax(0)
+
+
 def _cases():
     torch.manual_seed(0)
     w = torch.randn(24, 24) / 5
@@ -86,6 +95,7 @@ def _cases():
         "while on a value": (halve_until_small, [(torch.randn(300) * 8,), (torch.randn(300) / 100,)]),
         "dynamic index": (gather_rows, [(torch.randn(50, 33), torch.tensor([3, 7, 7, 49]))]),
         "recurrent cell": (cell, [(torch.randn(6, 3, 16), torch.zeros(3, 32))]),
+        "block reductions": (many_reductions, [(torch.randn(1000),), (-torch.rand(1000),)]),
     }
 
 
@@ -144,9 +154,42 @@ def test_the_control_stack_in_shared_or_global_memory(control_stack, max_depth, 
         with torch.no_grad():
             assert_same(fast(*inputs), model(*inputs), RTOL, ATOL)
         read(counts)
-        assert (counts[4] > 0) == in_shared
+        scratch = 16 * threads   # the kernels' part, before the control state
+        assert (counts[4] > scratch) == in_shared
         if in_shared:   # every depth's frame for each lane
-            assert counts[4] >= (max_depth + 1) * 9 * 8 * threads
+            assert counts[4] >= scratch + (max_depth + 1) * 9 * 8 * threads
+
+
+def _reduction_inputs(shape, mode):
+    torch.manual_seed(len(shape) * 7 + shape[-1])
+    x = torch.randn(shape)
+    if mode == "nan":   # two: ARGMAX takes the first, on whichever lanes they fall
+        x.view(-1)[x.numel() // 3] = float("nan")
+        x.view(-1)[x.numel() // 2] = float("nan")
+    if mode == "ties":   # equal values on many lanes: the smallest index wins
+        x = (x * 2).round().clamp(-2, 2)
+    return x
+
+
+@pytest.mark.parametrize("shape", [(1000,), (2, 301), (3, 5), (600, 3)])
+@pytest.mark.parametrize("mode", ["plain", "nan", "ties", "integer"])
+def test_reductions_over_a_block_of_lanes(shape, mode):
+    """Few outputs of long rows (a sum of a long vector, a vocabulary's argmax): each output is
+    reduced by all lanes of a block, partial results meeting in its shared scratch; short rows
+    stay a lane's each. NaNs propagate and ARGMAX/ARGMIN keep the first index, as torch."""
+    x = _reduction_inputs(shape, "plain" if mode == "integer" else mode)
+    fn = integer_reductions if mode == "integer" else many_reductions
+    if mode == "integer":
+        x = (x * 3).round().long()
+    fast = cocktailer.compile(fn, (x,), backend="cuda", options=virtual(2, 8))
+    if max(shape) >= 256:
+        assert "CT_BLOCK_BARRIER();" in source_of(fast)
+    for got, want in zip(fast(x), fn(x)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        if want.dtype.is_floating_point:
+            assert torch.allclose(got.double(), want.double(), rtol=1e-4, atol=1e-4, equal_nan=True), (got, want)
+        else:
+            assert torch.equal(got, want), (got, want)
 
 
 def test_calls_fan_out_to_groups_of_blocks():
@@ -211,7 +254,7 @@ def test_the_virtual_gpu_counts_what_a_call_did():
     operators, nbytes, barriers, steps, shared = per_iteration
     assert operators > 0 and nbytes >= 4 * 4 * 2 and barriers > 0 and steps == 0 and shared == 0
     # no recursion: one frame of control state per lane, (8 slots + its loop counters) x 8 bytes x 4 lanes
-    assert t3[4] >= 9 * 8 * 4
+    assert t3[4] >= 16 * 4 + 9 * 8 * 4   # after each lane's 16 bytes of the kernels' scratch
 
 
 def test_explain_shows_the_one_program_the_kernel_runs():
@@ -300,7 +343,7 @@ def test_the_launch_copies_every_table_entry_the_runtime_binds(name):
     fn, input_sets = _cases()[name]
     fast = cocktailer.compile(fn, input_sets[0], backend="cuda", options=virtual())
     (_, executable), = fast.cache.values()
-    launcher = re.search(r"ct_args a = \{[^}]*CT_STEP_STRIDE \* nw, 0, (\d+), (\d+), (\d+), (\d+) \}",
+    launcher = re.search(r"ct_args a = \{[^}]*CT_STEP_STRIDE \* nw, [^,]+, -1, (\d+), (\d+), (\d+), (\d+) \}",
                          executable.record.source)
     err = executable._scratch()[4]
     entry = executable.entry
@@ -333,7 +376,7 @@ def test_cuda_tensors_without_a_toolkit_run_on_the_reference_backend_with_one_wa
         assert len(notes) == 1 and notes[0].endswith("running the reference backend instead")
 
 
-@pytest.mark.parametrize("name", ["loop and branch", "recurrent cell"])
+@pytest.mark.parametrize("name", ["loop and branch", "recurrent cell", "block reductions"])
 def test_thread_sanitizer_finds_no_race_in_a_replayed_call(name, tmp_path):
     fn, input_sets = _cases()[name]
     fast = cocktailer.compile(fn, input_sets[0], backend="cuda", options=virtual(2, 4))
@@ -343,7 +386,7 @@ def test_thread_sanitizer_finds_no_race_in_a_replayed_call(name, tmp_path):
         expected = fn(*input_sets[0])
     assert outputs is not None and "ThreadSanitizer" not in report, report[-6000:]
     assert code == 0
-    assert_same(outputs[0], expected, RTOL, ATOL)
+    assert_same(outputs[0], expected[0] if isinstance(expected, tuple) else expected, RTOL, ATOL)
 
 
 def _tensors(args):
@@ -376,6 +419,10 @@ def _sample_sources() -> dict[str, str]:
                                                     options=virtual(2, 4, wavefront=True, measure_waves=False)))
     w = models.make("treefc", batch=2, size="small", seed=1)
     sources["fan-out"] = source_of(cocktailer.compile(w.model, w.inputs, backend="cuda", options=virtual(4, 4, fan_out=True)))
+    x = torch.randn(1000)   # reductions over a block of lanes (shared scratch, barriers inside a kernel)
+    sources["block reductions"] = source_of(cocktailer.compile(many_reductions, (x,), backend="cuda", options=virtual()))
+    sources["integer block reductions"] = source_of(cocktailer.compile(integer_reductions, ((x * 3).long(),),
+                                                                       backend="cuda", options=virtual()))
     return sources
 
 

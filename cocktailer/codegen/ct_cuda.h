@@ -11,9 +11,11 @@
      CT_LARGE_SKELETON                a kernel too long to optimize (the virtual GPU compiles it at -O0)
      CT_BLOCK, CT_BLOCKS, CT_LANE, CT_LANES   this block and the grid's, this thread and the block's
      ct_block_any(x)                  block barrier; true on every lane if x was true on any
-     CT_BLOCK_SHARED                  this block's shared memory (int64_t*, args.shared_bytes of it)
-     ct_shared_limit()                the most shared memory a block may have (the control state
-                                      moves there when it fits: ct_cuda_state_bytes)
+     CT_BLOCK_SHARED                  this block's shared memory (int64_t*, args.shared_bytes of it):
+                                      CT_SCRATCH_PER_LANE bytes a lane for the kernels (CT_BLOCK_SCRATCH),
+                                      then the control state where it fits
+     CT_BLOCK_BARRIER()               a barrier of the block's lanes inside a kernel all of them call
+     ct_shared_limit()                the most shared memory a block may have
      CT_LOAD_ACQUIRE ... CT_ADD_FETCH atomics on int64_t shared by blocks (device scope)
      CT_PAUSE(), CT_YIELD()           what a spinning lane does while it waits
      ct_launch(kernel, args, threads) one cooperative launch of `args.nw` blocks; returns err[0],
@@ -41,7 +43,8 @@ typedef struct {
   int64_t sigints0;     /* the SIGINT counter when the call began (read once, by the host) */
   void* bars; int64_t* steps;   /* grid barriers and the step array, zeroed by ct_launch */
   int64_t bar_bytes, step_bytes;
-  int64_t shared_bytes;   /* the block's shared memory: the control state's (0: it is in locals and rets) */
+  int64_t shared_bytes;   /* the block's shared memory: the kernels' scratch, then the control state's */
+  int64_t state_offset;   /* where in it the control state starts (-1: in locals and rets) */
   int n_in, n_out, n_cst, n_err;   /* entries of in, out, cst and err: what ct_stage copies to the device */
 } ct_args;
 /* ct_launch's code when the GPU launch itself failed (err[1] then holds the cudaError_t:
@@ -308,6 +311,10 @@ CT_HOST void ct_tallies(int64_t* out) {
 #define CT_SUBS(W) ((W) * CT_LANES)
 /* every lane evaluates x, then a block barrier: true on every lane if it was on any */
 #define CT_EVERY(x) ct_block_any((x) ? 1 : 0)
+#define CT_BLOCK_BARRIER() ((void)ct_block_any(0))
+/* the kernels' shared scratch (a lane's partial result of a reduction done by the block) */
+enum { CT_SCRATCH_PER_LANE = 16 };
+#define CT_BLOCK_SCRATCH ((char*)CT_BLOCK_SHARED)
 /* a block barrier, lane 0 alone evaluates x (a grid barrier's atomics), then true on every
    lane if it was true there */
 #define CT_LEAD(x) (ct_block_any(0), ct_block_any(CT_LANE == 0 && (x)))

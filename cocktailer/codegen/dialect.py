@@ -48,6 +48,7 @@ class Dialect:
     launched: bool = False          # the entry is a kernel (`<entry>_kernel`) and a host function launching it
     engine: bool = True             # the kernels may use the GEMM engine (KernelContext.engine)
     line_shares: bool = True        # work is split at cache lines (KernelContext.line_shares)
+    cooperative: bool = False       # kernels may split one output over a worker's lanes (KernelContext.cooperative)
     state_in_shared: bool = False   # the control state (frames' slots, loop counters) in a block's shared
                                     # memory where the launch finds room for it (CT_BLOCK_SHARED)
     tally: str = ""                 # counts an event ({counts}: whether this worker counts it) for reports
@@ -139,6 +140,7 @@ _CUDA = Dialect(
     launched=True,
     engine=False,
     line_shares=False,
+    cooperative=True,
     tally="CT_TALLY({counts}, {kind}, {amount});",
     large_skeleton="CT_LARGE_SKELETON",
 )

@@ -155,7 +155,8 @@ class Renderer:
         names = iter(range(1 << 30))
         ctx = KernelContext(ptr=param, worker="w", workers="W", fail=self.fail,
                             fresh=lambda prefix: f"{prefix}_{next(names)}", prepacked=prepacked, simd=self.d.simd,
-                            size=self.size, engine=self.d.engine, line_shares=self.d.line_shares)
+                            size=self.size, engine=self.d.engine, line_shares=self.d.line_shares,
+                            cooperative=self.d.cooperative)
         body = KERNELS[op.op](op, ctx)
         function = self.kernels.get(body)
         if function is None:
@@ -377,10 +378,11 @@ class Renderer:
                   "stack = stack_all + (int64_t)ct_lead * max_depth * FRAME)")
         slots = f"rets + (int64_t){d.state_index} * (max_depth + 1) * CT_SLOTS"
         counters = f"locals + (int64_t){d.state_index} * (max_depth + 1) * NLOC"
-        if d.state_in_shared:   # where the launch found room (ct_a.shared_bytes): each lane's rows there
+        if d.state_in_shared:   # where the launch found room (ct_a.state_offset): each lane's rows there
             self.emit(f"  const int64_t ct_frames = {self._state_frames()};")
-            slots = f"ct_a.shared_bytes ? CT_BLOCK_SHARED + (int64_t)CT_LANE * ct_frames * (CT_SLOTS + NLOC) : {slots}"
-            counters = f"ct_a.shared_bytes ? ct_slots + ct_frames * CT_SLOTS : {counters}"
+            slots = (f"ct_a.state_offset >= 0 ? (int64_t*)(CT_BLOCK_SCRATCH + ct_a.state_offset) + "
+                     f"(int64_t)CT_LANE * ct_frames * (CT_SLOTS + NLOC) : {slots}")
+            counters = f"ct_a.state_offset >= 0 ? ct_slots + ct_frames * CT_SLOTS : {counters}"
         self.emit(f"  int64_t* ct_slots = {slots};")
         self.emit("  #define CT_S(d, k) ct_slots[((d) + 1) * CT_SLOTS + (k)]   /* per worker and depth */")
         self.emit("  #define CT_R(d) CT_S(d, 0)   /* resume label of the call at depth d */")
@@ -442,11 +444,13 @@ class Renderer:
                   self.frame_dynamic_at + len(plan.frame_dynamic) + 1]   # err[]'s entries: see render()
         self.emit("  ct_args a = { in, out, cst, arena, stack_all, max_depth, locals, rets, err, nw, 0, 0, 0,")
         self.emit("                (int64_t)sizeof(ct_barrier_t) * CT_MAX_NEST * nw, "
-                  f"(int64_t)sizeof(int64_t) * CT_STEP_STRIDE * nw, 0, {', '.join(map(str, counts))} }};")
+                  f"(int64_t)sizeof(int64_t) * CT_STEP_STRIDE * nw, (int64_t)CT_SCRATCH_PER_LANE * {self.d.threads}, "
+                  f"-1, {', '.join(map(str, counts))} }};")
         if self.d.state_in_shared:   # the control state in the block's shared memory, where it fits
             self.emit(f"  const int64_t ct_state = (int64_t){self._state_frames()} * (CT_SLOTS + "
                       f"{max(plan.locals_per_frame, 1)}) * (int64_t)sizeof(int64_t) * {self.d.threads};")
-            self.emit("  a.shared_bytes = ct_state <= ct_shared_limit() ? ct_state : 0;")
+            self.emit("  if (a.shared_bytes + ct_state <= ct_shared_limit()) { a.state_offset = a.shared_bytes; "
+                      "a.shared_bytes += ct_state; }")
         self.emit(f"  return ct_launch({self.entry}_kernel, a, {self.d.threads});")
         self.emit("}")
 

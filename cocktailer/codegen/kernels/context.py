@@ -61,3 +61,8 @@ class KernelContext:
     # (false sharing); False for a GPU, where each thread takes single elements and a warp's
     # threads take adjacent ones (its loads coalesce), and a small op still reaches every thread
     line_shares: bool = True
+    # a worker is a block of lanes that call every kernel together (CUDA), each with its own
+    # sub-share (worker w*CT_LANES + CT_LANE of W*CT_LANES): a kernel may instead take the block's
+    # share and split each output over the lanes, which then meet at CT_BLOCK_BARRIER() and
+    # combine partial results in CT_BLOCK_SCRATCH (CT_SCRATCH_PER_LANE bytes a lane)
+    cooperative: bool = False

@@ -18,6 +18,20 @@ from cocktailer.codegen.kernels.context import KernelContext, ctype
 from cocktailer.ir import Op, Operation
 
 CHUNK = 64   # outputs accumulated together in the column pattern
+# A block of lanes (KernelContext.cooperative) splits each output of a row reduction over its
+# lanes where there are fewer outputs than this and each reduces at least COOPERATIVE_LENGTH
+# elements: a sum of a long vector, a vocabulary's argmax (one lane would do it alone)
+COOPERATIVE_OUTPUTS, COOPERATIVE_LENGTH = 64, 256
+
+
+def _cooperative(ctx: KernelContext, n_out, length) -> bool:
+    return (ctx.cooperative and isinstance(n_out, int) and isinstance(length, int)
+            and n_out < COOPERATIVE_OUTPUTS and length >= COOPERATIVE_LENGTH)
+
+
+def _block_split() -> str:
+    """The block's share of the outputs (the kernel was given its lane's: w*CT_LANES + CT_LANE)."""
+    return "ck_range({n}, 1, w / CT_LANES, W / CT_LANES, &k_lo, &k_hi);"
 
 
 def _groups(shape, reduced: set[int]) -> list[tuple[int, bool, int]]:
@@ -140,11 +154,14 @@ def render_reduce(op: Operation, ctx: KernelContext) -> str:
         body = [f"const {ctype(src)}* k_p = k_x + k_off;",
                 ctx.simd(f"{clause}:k_acc", *nan_reduction),
                 f"for (int64_t k_j = 0; k_j < {inner}; ++k_j) {{ {update.format(a='k_acc', v=v)}{nan_upd} }}"]
+        finish = _finish(kind, 'k_acc', count, dst, 'k_nan' if nan else None)
+        if _cooperative(ctx, n_out, count):
+            return block(*head, *_cooperative_rows(src, n_out, inner, outer_red, kept, acc_t, init, update, v, nan, finish))
         lines = [*head, split(ctx, n_out, grain(dst)),
                  "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) {",
                  f"{acc_t} k_acc = {init}; {nan_decl}",
                  *_nested(outer_red, body, _offset("k_i", kept)),
-                 f"k_y[k_i] = {_finish(kind, 'k_acc', count, dst, 'k_nan' if nan else None)};",
+                 f"k_y[k_i] = {finish};",
                  "}"]
         return block(*lines)
     # column pattern: the innermost run is kept
@@ -170,6 +187,29 @@ def render_reduce(op: Operation, ctx: KernelContext) -> str:
              f"for (int64_t k_j = 0; k_j < k_n; ++k_j) k_q[k_j] = {fin};",
              "}"]
     return block(*lines)
+
+
+def _cooperative_rows(src, n_out, inner, outer_red, kept, acc_t, init, update, v, nan, finish) -> list[str]:
+    """Each output reduced by the block's lanes: lane l takes elements l, l + lanes, ... of each
+    row (neighbouring lanes, neighbouring elements), its partial result goes to the block's
+    scratch, and after a block barrier lane 0 combines them in lane order."""
+    nan_upd = " k_nan |= k_p[k_j] != k_p[k_j];" if nan else ""
+    body = [f"const {ctype(src)}* k_p = k_x + k_off;",
+            f"for (int64_t k_j = CT_LANE; k_j < {inner}; k_j += CT_LANES) {{ {update.format(a='k_acc', v=v)}{nan_upd} }}"]
+    combine = update.format(a="k_acc", v="k_part[k_l]") + (" k_nan |= k_nans[k_l];" if nan else "")
+    return ["int64_t k_lo, k_hi; " + _block_split().format(n=n_out),
+            f"{acc_t}* k_part = ({acc_t}*)CT_BLOCK_SCRATCH; uint8_t* k_nans = (uint8_t*)(CT_BLOCK_SCRATCH + 8 * CT_LANES);",
+            "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) {",
+            f"{acc_t} k_acc = {init}; uint8_t k_nan = 0;",
+            *_nested(outer_red, body, _offset("k_i", kept)),
+            "k_part[CT_LANE] = k_acc; k_nans[CT_LANE] = k_nan;",
+            "CT_BLOCK_BARRIER();",
+            "if (CT_LANE == 0) {",
+            f"for (int k_l = 1; k_l < CT_LANES; ++k_l) {{ {combine} }}",
+            f"k_y[k_i] = {finish};",
+            "}",
+            "CT_BLOCK_BARRIER();   /* the scratch is the next output's */",
+            "}"]
 
 
 # -- ARGMAX / ARGMIN ---------------------------------------------------------------------------
@@ -200,6 +240,9 @@ def render_argreduce(op: Operation, ctx: KernelContext) -> str:
     cmp = ">" if op.op is Op.ARGMAX else "<"
     better = f"(k_v {cmp} k_b || (k_v != k_v && k_b == k_b))" if is_float(src) else f"(k_v {cmp} k_b)"
     head = [f"const {ctype(src)}* k_x = {ctx.ptr(x)};", f"int64_t* k_y = {ctx.ptr(out)};"]
+    if _cooperative(ctx, n_out, d):
+        tie = "(k_v == k_b || (k_v != k_v && k_b != k_b))" if is_float(src) else "(k_v == k_b)"
+        return block(*head, *_cooperative_arg(ctype(src), n_out, d, inner, better, tie))
     return block(*head, split(ctx, n_out, grain(torch.int64)),
                  "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) {",
                  f"const int64_t k_r = k_i / {inner}, k_c = k_i - k_r * {inner};",
@@ -268,3 +311,29 @@ def render_softmax(op: Operation, ctx: KernelContext) -> str:
                  f"for (int64_t k_j = 0; k_j < k_n; ++k_j) {{ const {T} k_e = {exp}(k_p[{at}] - k_m[k_j]); {store}k_s[k_j] += k_e; }}",
                  "}",
                  *last, "}")
+
+
+def _cooperative_arg(T: str, n_out, d, inner, better: str, tie: str) -> list[str]:
+    """The block's lanes share each output: lane l keeps the first best of elements l, l + lanes,
+    ...; lane 0 then takes, in lane order, a lane's that is better, or as good at a smaller index."""
+    return ["int64_t k_lo, k_hi; " + _block_split().format(n=n_out),
+            f"{T}* k_vals = ({T}*)CT_BLOCK_SCRATCH; int64_t* k_ats = (int64_t*)(CT_BLOCK_SCRATCH + 8 * CT_LANES);",
+            "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) {",
+            f"const int64_t k_r = k_i / {inner}, k_c = k_i - k_r * {inner};",
+            f"const {T}* k_p = k_x + k_r * {product(d, inner)} + k_c;",
+            f"{T} k_b = k_p[0]; int64_t k_at = -1;",
+            f"for (int64_t k_j = CT_LANE; k_j < {d}; k_j += CT_LANES) {{",
+            f"const {T} k_v = k_p[k_j * {inner}];",
+            f"if (k_at < 0 || {better}) {{ k_b = k_v; k_at = k_j; }}",
+            "}",
+            "k_vals[CT_LANE] = k_b; k_ats[CT_LANE] = k_at;",
+            "CT_BLOCK_BARRIER();",
+            "if (CT_LANE == 0) {",
+            "for (int k_l = 1; k_l < CT_LANES; ++k_l) {",
+            f"const {T} k_v = k_vals[k_l]; const int64_t k_j = k_ats[k_l];",
+            f"if (k_j >= 0 && ({better} || ({tie} && k_j < k_at))) {{ k_b = k_v; k_at = k_j; }}",
+            "}",
+            "k_y[k_i] = k_at;",
+            "}",
+            "CT_BLOCK_BARRIER();   /* the scratch is the next output's */",
+            "}"]
