@@ -44,8 +44,17 @@ def choose_blocks(b: Build) -> str:
     """SetResource: a block per worker."""
     if b.config.workers:
         return f"{b.config.workers} (asked for)"
-    b.config = b.record.config = replace(b.config, workers=VIRTUAL_BLOCKS)
-    return f"{VIRTUAL_BLOCKS} blocks of the virtual GPU"
+    b.config = b.record.config = replace(b.config, workers=default_blocks(b.program))
+    where = "a block per SM" if b.program.device.type == "cuda" else "blocks of the virtual GPU"
+    return f"{b.config.workers} ({where})"
+
+
+def default_blocks(program: Program) -> int:
+    """The persistent grid when `workers` is not given: on a GPU a block per SM, as Rammer's vEU
+    per SM (the cooperative launch refuses a grid that cannot be resident at once)."""
+    if program.device.type == "cuda":
+        return torch.cuda.get_device_properties(program.device).multi_processor_count
+    return VIRTUAL_BLOCKS
 
 
 CUDA_STAGES = [("blocks", choose_blocks), ("IR passes", ir_passes), *NATIVE_STAGES]
@@ -61,12 +70,6 @@ def gpu_unavailable(device: torch.device, config: Config) -> str:
         return "nvcc was not found (set NVCC, or install the CUDA toolkit): the cuda backend cannot compile for " \
                + str(device)
     return ""
-
-
-def gpu_blocks(device: torch.device) -> int:
-    """The persistent grid when `workers` is not given: a block per SM, as Rammer's vEU per SM
-    (the cooperative launch refuses a grid that cannot be resident at once)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # Without virtual_gpu, backend.driver builds the program as the cpu backend does, with this notice
@@ -85,7 +88,7 @@ def build_cuda(program: Program, config: Config, record: Record):
     if missing:
         record.notices.append(f"no CUDA kernel for {'; '.join(missing)}: these ops run on the host, and so does "
                               "the control flow around them (L2: a kernel launch per basic block)")
-        record.config = replace(config, workers=config.workers or VIRTUAL_BLOCKS, native_from=0)
+        record.config = replace(config, workers=config.workers or default_blocks(program), native_from=0)
         return build_host(program, record.config, record)
     build = Build(program, config, record)
     run_stages(CUDA_STAGES, build)

@@ -14,7 +14,7 @@ import torch
 
 from cocktailer.backend.config import Config
 from cocktailer.backend.cpu import build_cpu
-from cocktailer.backend.cuda import NO_GPU, build_cuda, gpu_blocks, gpu_unavailable
+from cocktailer.backend.cuda import NO_GPU, build_cuda, gpu_unavailable
 from cocktailer.backend.host import build_host
 from cocktailer.backend.measured import SizeTrial, TunedProgram, specialize, tune
 from cocktailer.backend.native import unsupported_ops
@@ -35,8 +35,7 @@ def build(program: Program, config: Config, samples: list[list[torch.Tensor]] | 
             why = gpu_unavailable(program.device, config)
             if why:
                 raise BackendUnavailable(why)
-            return build_cuda(program, replace(config, workers=config.workers or gpu_blocks(program.device)),
-                              Record(config))
+            return build_cuda(program, config, Record(config))
         raise BackendUnavailable(f"the {config.backend} backend runs CPU tensors; these are on {program.device}")
     if config.backend == "cuda" and not config.virtual_gpu:   # the cpu backend, as it builds for itself
         config = replace(config, backend="cpu")

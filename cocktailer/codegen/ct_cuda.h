@@ -107,6 +107,8 @@ static inline void ct_device_free(char* p) { cudaFree(p); }
 static inline ct_status ct_to_device(void* d, const void* s, size_t n) { return cudaMemcpy(d, s, n, cudaMemcpyHostToDevice); }
 static inline ct_status ct_to_host(void* d, const void* s, size_t n) { return cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost); }
 enum { CT_SIGINTS_READABLE = 0 };   /* the host's SIGINT counter is not readable on the device */
+#define CT_BAD_DEVICE cudaErrorInvalidDevice
+static inline ct_status ct_current_device(int* d) { return cudaGetDevice(d); }
 static inline ct_status ct_stage(ct_args* a);
 
 /* One cooperative launch on the staged call (ct_stage), err[0..1] copied back after. A GPU
@@ -200,6 +202,8 @@ static inline void ct_device_free(char* p) { free(p); }
 static inline ct_status ct_to_device(void* d, const void* s, size_t n) { memcpy(d, s, n); return CT_OK; }
 static inline ct_status ct_to_host(void* d, const void* s, size_t n) { memcpy(d, s, n); return CT_OK; }
 enum { CT_SIGINTS_READABLE = 1 };
+#define CT_BAD_DEVICE 1
+static inline ct_status ct_current_device(int* d) { *d = 0; return CT_OK; }
 static inline ct_status ct_stage(ct_args* a);
 
 /* One OS thread per CUDA thread, on the call staged as for the GPU (ct_stage: a short count
@@ -254,10 +258,18 @@ CT_HOST const char* ct_launch_error(int64_t code) {
    tables of pointers (in, out, cst) and err[] are host arrays, copied here into one device
    buffer after which come the grid's barriers and step array (zeroed); `a` is repointed at
    the copies. The buffer is kept from call to call, per host thread as the runtime's scratch
-   (on a GPU, cudaMalloc and cudaFree synchronize the device). */
+   (on a GPU, cudaMalloc and cudaFree synchronize the device), and per device: a thread may
+   call programs on several GPUs. */
+enum { CT_STAGED_DEVICES = 16 };
 static inline ct_status ct_stage(ct_args* a) {
-  static thread_local char* dev = 0;
-  static thread_local size_t dev_bytes = 0;
+  static thread_local char* buffers[CT_STAGED_DEVICES];
+  static thread_local size_t sizes[CT_STAGED_DEVICES];
+  int on = 0;
+  ct_status e = ct_current_device(&on);
+  if (e != CT_OK) return e;
+  if (on < 0 || on >= CT_STAGED_DEVICES) return CT_BAD_DEVICE;
+  char*& dev = buffers[on];
+  size_t& dev_bytes = sizes[on];
   const size_t n_ptrs = (size_t)(a->n_in + a->n_out + a->n_cst), err_bytes = (size_t)a->n_err * sizeof(int64_t);
   const size_t bytes = n_ptrs * sizeof(void*) + err_bytes + (size_t)a->bar_bytes + (size_t)a->step_bytes;
   char* host = (char*)calloc(1, bytes);
@@ -270,7 +282,6 @@ static inline ct_status ct_stage(ct_args* a) {
   memcpy(err, a->err, err_bytes);
   err[0] = 0; err[1] = 0;   /* an error code; how often workers were preempted (never, here) */
   if (!CT_SIGINTS_READABLE) err[2] = 0;
-  ct_status e = CT_OK;
   if (dev_bytes < bytes) {
     if (dev) ct_device_free(dev);
     dev_bytes = 0;
