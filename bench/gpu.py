@@ -188,7 +188,7 @@ def table(data: dict) -> str:
                 ratio = f" ({row['median_s'] / best:.2f}x)" if best else ""
                 cells.append(f"{row['median_s'] * 1e3:.3f}{ratio}")
             else:
-                cells.append(row.get("status", "-") + (f": {row['reason'][:60]}" if "reason" in row else ""))
+                cells.append(row.get("status", r.get("status", "-")) + (f": {row['reason'][:60]}" if "reason" in row else ""))
         lines.append(f"| {r['model']} b{r['batch']} | " + " | ".join(cells) + " |")
     lines += ["", "A ratio above 1 is slower than cocktailer. Every timed system's result matched eager's "
               "(bench.compare's tolerance) before it was timed; see results.json for the raw samples."]
@@ -223,7 +223,8 @@ def main(argv=None):
     budget = QUICK if args.quick else FULL
     for name in args.models.split(","):
         if args.model_timeout:
-            result = _in_child(name, argv if argv is not None else sys.argv[1:], args.model_timeout, args.batch)
+            result = _in_child(name, argv if argv is not None else sys.argv[1:], args.model_timeout, args.batch,
+                               [s.name for s in systems])
         else:
             result = run_model(name, args.size, args.batch, device, systems, budget)
         if args.child_json:
@@ -235,24 +236,38 @@ def main(argv=None):
         write_small_run(args.out, data, table(data))
 
 
-def _in_child(name: str, argv: list[str], timeout: float, batch: int) -> dict:
+def _in_child(name: str, argv: list[str], timeout: float, batch: int, systems: list[str]) -> dict:
     """`name`'s run_model in a process of its own: a kernel that never returns (a grid barrier
     some block never reaches) cannot be interrupted from Python, and must not take the rest of
-    a lent GPU's time with it."""
+    a lent GPU's time with it. A system that was being prepared when the time ran out (an
+    nvcc build of a very long kernel, say) is left out of one more try, so that the others'
+    numbers are kept; it is recorded as timed out."""
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
         out = pathlib.Path(tmp) / "model.json"
-        command = [sys.executable, "-m", "bench.gpu", *argv, "--models", name, "--model-timeout", "0",
-                   "--child-json", str(out)]
+        command = [sys.executable, "-m", "bench.gpu", *argv, "--models", name, "--systems", ",".join(systems),
+                   "--model-timeout", "0", "--child-json", str(out)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
             tail = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+            stuck = _being_prepared(tail, name)
+            if stuck in systems and len(systems) > 1:
+                result = _in_child(name, argv, timeout, batch, [s for s in systems if s != stuck])
+                result.setdefault("systems", {})[stuck] = {"status": "timed out",
+                                                          "reason": f"still being prepared after {timeout:.0f} s"}
+                return result
             return {"model": name, "batch": batch, "status": f"timed out after {timeout:.0f} s",
                     "stderr_tail": tail[-2000:]}
         if done.returncode != 0 or not out.exists():
             return {"model": name, "batch": batch, "status": f"failed (exit {done.returncode})",
                     "stderr_tail": done.stderr[-2000:]}
         return json.loads(out.read_text())
+
+
+def _being_prepared(stderr: str, name: str) -> str | None:
+    """The system run_model's last progress line says it was preparing."""
+    lines = [line for line in stderr.splitlines() if line.startswith(f"{name}: preparing ")]
+    return lines[-1][len(f"{name}: preparing "):] if lines else None
 
 
 if __name__ == "__main__":
