@@ -123,11 +123,12 @@ def _cocktailer(workers: int | None):
     return prepare
 
 
-SYSTEMS = [GpuSystem("eager", _eager), GpuSystem("cuda graph", _cuda_graph),
-           GpuSystem("torch.compile", _torch_compile(None)),
+# Prepared in this order: a CUDA graph's failed capture is the likeliest to leave the process's
+# CUDA state unusable, so it comes last (see _in_child for what happens then)
+SYSTEMS = [GpuSystem("eager", _eager), GpuSystem("torch.compile", _torch_compile(None)),
            GpuSystem("torch.compile reduce-overhead", _torch_compile("reduce-overhead")),
            GpuSystem("jax", _jax), GpuSystem("cocktailer", _cocktailer(None)),
-           GpuSystem("cocktailer 16 blocks", _cocktailer(16))]
+           GpuSystem("cocktailer 16 blocks", _cocktailer(16)), GpuSystem("cuda graph", _cuda_graph)]
 
 
 def run_model(name: str, size: str, batch: int, device: torch.device, systems: list[GpuSystem], budget) -> dict:
@@ -240,28 +241,29 @@ def _in_child(name: str, argv: list[str], timeout: float, batch: int, systems: l
     """`name`'s run_model in a process of its own: a kernel that never returns (a grid barrier
     some block never reaches) cannot be interrupted from Python, and must not take the rest of
     a lent GPU's time with it. A system that was being prepared when the time ran out (an
-    nvcc build of a very long kernel, say) is left out of one more try, so that the others'
-    numbers are kept; it is recorded as timed out."""
+    nvcc build of a very long kernel, say) or the process died (a fault that leaves CUDA
+    unusable) is left out of one more try, so that the others' numbers are kept; it is
+    recorded with what happened."""
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
         out = pathlib.Path(tmp) / "model.json"
         command = [sys.executable, "-m", "bench.gpu", *argv, "--models", name, "--systems", ",".join(systems),
                    "--model-timeout", "0", "--child-json", str(out)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+            if done.returncode == 0 and out.exists():
+                return json.loads(out.read_text())
+            tail, status = done.stderr, f"failed (exit {done.returncode})"
+            what = {"status": "failed", "reason": f"the process ended (exit {done.returncode}) after its preparation began"}
         except subprocess.TimeoutExpired as e:
             tail = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-            stuck = _being_prepared(tail, name)
-            if stuck in systems and len(systems) > 1:
-                result = _in_child(name, argv, timeout, batch, [s for s in systems if s != stuck])
-                result.setdefault("systems", {})[stuck] = {"status": "timed out",
-                                                          "reason": f"still being prepared after {timeout:.0f} s"}
-                return result
-            return {"model": name, "batch": batch, "status": f"timed out after {timeout:.0f} s",
-                    "stderr_tail": tail[-2000:]}
-        if done.returncode != 0 or not out.exists():
-            return {"model": name, "batch": batch, "status": f"failed (exit {done.returncode})",
-                    "stderr_tail": done.stderr[-2000:]}
-        return json.loads(out.read_text())
+            status = f"timed out after {timeout:.0f} s"
+            what = {"status": "timed out", "reason": f"still being prepared after {timeout:.0f} s"}
+    culprit = _being_prepared(tail, name)
+    if culprit in systems and len(systems) > 1:
+        result = _in_child(name, argv, timeout, batch, [s for s in systems if s != culprit])
+        result.setdefault("systems", {})[culprit] = {**what, "stderr_tail": tail[-2000:]}
+        return result
+    return {"model": name, "batch": batch, "status": status, "stderr_tail": tail[-2000:]}
 
 
 def _being_prepared(stderr: str, name: str) -> str | None:
