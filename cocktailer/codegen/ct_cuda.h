@@ -323,6 +323,8 @@ CT_HOST void ct_tallies(int64_t* out) {
 /* every lane evaluates x, then a block barrier: true on every lane if it was on any */
 #define CT_EVERY(x) ct_block_any((x) ? 1 : 0)
 #define CT_BLOCK_BARRIER() ((void)ct_block_any(0))
+/* a copy's pieces go to every thread of the grid, however small (ct_copy) */
+#define CT_COPY_ALONE 0
 /* the kernels' shared scratch (a lane's partial result of a reduction done by the block) */
 enum { CT_SCRATCH_PER_LANE = 16 };
 #define CT_BLOCK_SCRATCH ((char*)CT_BLOCK_SHARED)

@@ -183,11 +183,17 @@ CT_OUTLINED int ct_await(const int64_t* steps, int p, int64_t step, const int64_
   }
   return 0;
 }
-/* every worker copies its share of n bytes */
+/* every worker copies its share of n bytes, in pieces of whole 16 bytes; below CT_COPY_ALONE
+   bytes, the first worker all of them (on a CPU, splitting a small copy costs more than it
+   saves; a GPU's dialect sets it to 0: each thread's piece is small) */
+#ifndef CT_COPY_ALONE
+#define CT_COPY_ALONE 4096
+#endif
 CT_OUTLINED void ct_copy(char* restrict dst, const char* restrict src, int64_t n, int w, int W) {
   if (dst == src) return;
-  if (n < 4096) { if (w == 0) memcpy(dst, src, (size_t)n); return; }
-  int64_t chunk = (n + W - 1) / W, begin = chunk * w, end = begin + chunk < n ? begin + chunk : n;
+  if (n < CT_COPY_ALONE) { if (w == 0) memcpy(dst, src, (size_t)n); return; }
+  int64_t chunk = ((n + W - 1) / W + 15) & ~(int64_t)15, begin = chunk * w;
+  int64_t end = begin + chunk < n ? begin + chunk : n;
   if (begin < end) memcpy(dst + begin, src + begin, (size_t)(end - begin));
 }
 """
