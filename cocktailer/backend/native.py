@@ -122,7 +122,7 @@ def render_parts(b: Build) -> str:
     return f"{len(b.source.splitlines())} lines of {'CUDA C++' if dialect.launched else 'C'}"
 
 
-def _toolchain(b: Build) -> tuple[str, list[str]]:
+def _compiled_as(b: Build) -> tuple[str, list[str]]:
     """(language, extra flags) the source is compiled as: C; CUDA for the program's GPU (its
     tensors are there), by nvcc; CUDA in its CPU execution mode (a virtual GPU): C++ (ct_cuda.h)."""
     if not dialect_of(b.config).launched:
@@ -135,7 +135,7 @@ def _toolchain(b: Build) -> tuple[str, list[str]]:
 def compile_library(b: Build) -> str:
     if not b.parts:
         return "no native code"
-    language, flags = _toolchain(b)
+    language, flags = _compiled_as(b)
     b.path, cached = compile_shared_library(b.source, flags, language)
     return f"{'cache hit' if cached else ('nvcc' if language == 'cuda' else 'the C compiler') + ' ran'}: {b.path.name}"
 
@@ -143,7 +143,7 @@ def compile_library(b: Build) -> str:
 def load(b: Build) -> str:
     if not b.parts:
         return "no native code"
-    language, flags = _toolchain(b)
+    language, flags = _compiled_as(b)
     handle = load_library(b.path, b.source, flags, language)
     for p in b.parts:
         p.compiled = CompiledProgram(handle, str(b.path), _entry(p), p.config.workers, p.config.max_depth,

@@ -29,9 +29,23 @@ def _cooperative(ctx: KernelContext, n_out, length) -> bool:
             and n_out < COOPERATIVE_OUTPUTS and length >= COOPERATIVE_LENGTH)
 
 
-def _block_split() -> str:
-    """The block's share of the outputs (the kernel was given its lane's: w*CT_LANES + CT_LANE)."""
-    return "ck_range({n}, 1, w / CT_LANES, W / CT_LANES, &k_lo, &k_hi);"
+def _block_outputs(n_out, scratch: str, lane: list[str], publish: str, combine: list[str]) -> list[str]:
+    """The protocol of a reduction the block's lanes share, around each of the block's outputs
+    k_i (the kernel was given its lane's share, w*CT_LANES + CT_LANE: the block's is w / CT_LANES):
+    every lane computes its part (`lane`) and publishes it to the block's scratch (`publish`);
+    after a block barrier lane 0 combines the parts (`combine`); a second barrier frees the
+    scratch for the next output."""
+    return [f"int64_t k_lo, k_hi; ck_range({n_out}, 1, w / CT_LANES, W / CT_LANES, &k_lo, &k_hi);",
+            scratch,
+            "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) {",
+            *lane,
+            publish,
+            "CT_BLOCK_BARRIER();",
+            "if (CT_LANE == 0) {",
+            *combine,
+            "}",
+            "CT_BLOCK_BARRIER();   /* the scratch is the next output's */",
+            "}"]
 
 
 def _groups(shape, reduced: set[int]) -> list[tuple[int, bool, int]]:
@@ -197,19 +211,11 @@ def _cooperative_rows(src, n_out, inner, outer_red, kept, acc_t, init, update, v
     body = [f"const {ctype(src)}* k_p = k_x + k_off;",
             f"for (int64_t k_j = CT_LANE; k_j < {inner}; k_j += CT_LANES) {{ {update.format(a='k_acc', v=v)}{nan_upd} }}"]
     combine = update.format(a="k_acc", v="k_part[k_l]") + (" k_nan |= k_nans[k_l];" if nan else "")
-    return ["int64_t k_lo, k_hi; " + _block_split().format(n=n_out),
-            f"{acc_t}* k_part = ({acc_t}*)CT_BLOCK_SCRATCH; uint8_t* k_nans = (uint8_t*)(CT_BLOCK_SCRATCH + 8 * CT_LANES);",
-            "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) {",
-            f"{acc_t} k_acc = {init}; uint8_t k_nan = 0;",
-            *_nested(outer_red, body, _offset("k_i", kept)),
-            "k_part[CT_LANE] = k_acc; k_nans[CT_LANE] = k_nan;",
-            "CT_BLOCK_BARRIER();",
-            "if (CT_LANE == 0) {",
-            f"for (int k_l = 1; k_l < CT_LANES; ++k_l) {{ {combine} }}",
-            f"k_y[k_i] = {finish};",
-            "}",
-            "CT_BLOCK_BARRIER();   /* the scratch is the next output's */",
-            "}"]
+    return _block_outputs(
+        n_out, f"{acc_t}* k_part = ({acc_t}*)CT_BLOCK_SCRATCH; uint8_t* k_nans = (uint8_t*)(CT_BLOCK_SCRATCH + 8 * CT_LANES);",
+        [f"{acc_t} k_acc = {init}; uint8_t k_nan = 0;", *_nested(outer_red, body, _offset("k_i", kept))],
+        "k_part[CT_LANE] = k_acc; k_nans[CT_LANE] = k_nan;",
+        [f"for (int k_l = 1; k_l < CT_LANES; ++k_l) {{ {combine} }}", f"k_y[k_i] = {finish};"])
 
 
 # -- ARGMAX / ARGMIN ---------------------------------------------------------------------------
@@ -316,24 +322,18 @@ def render_softmax(op: Operation, ctx: KernelContext) -> str:
 def _cooperative_arg(T: str, n_out, d, inner, better: str, tie: str) -> list[str]:
     """The block's lanes share each output: lane l keeps the first best of elements l, l + lanes,
     ...; lane 0 then takes, in lane order, a lane's that is better, or as good at a smaller index."""
-    return ["int64_t k_lo, k_hi; " + _block_split().format(n=n_out),
-            f"{T}* k_vals = ({T}*)CT_BLOCK_SCRATCH; int64_t* k_ats = (int64_t*)(CT_BLOCK_SCRATCH + 8 * CT_LANES);",
-            "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) {",
-            f"const int64_t k_r = k_i / {inner}, k_c = k_i - k_r * {inner};",
-            f"const {T}* k_p = k_x + k_r * {product(d, inner)} + k_c;",
-            f"{T} k_b = k_p[0]; int64_t k_at = -1;",
-            f"for (int64_t k_j = CT_LANE; k_j < {d}; k_j += CT_LANES) {{",
-            f"const {T} k_v = k_p[k_j * {inner}];",
-            f"if (k_at < 0 || {better}) {{ k_b = k_v; k_at = k_j; }}",
-            "}",
-            "k_vals[CT_LANE] = k_b; k_ats[CT_LANE] = k_at;",
-            "CT_BLOCK_BARRIER();",
-            "if (CT_LANE == 0) {",
-            "for (int k_l = 1; k_l < CT_LANES; ++k_l) {",
-            f"const {T} k_v = k_vals[k_l]; const int64_t k_j = k_ats[k_l];",
-            f"if (k_j >= 0 && ({better} || ({tie} && k_j < k_at))) {{ k_b = k_v; k_at = k_j; }}",
-            "}",
-            "k_y[k_i] = k_at;",
-            "}",
-            "CT_BLOCK_BARRIER();   /* the scratch is the next output's */",
-            "}"]
+    return _block_outputs(
+        n_out, f"{T}* k_vals = ({T}*)CT_BLOCK_SCRATCH; int64_t* k_ats = (int64_t*)(CT_BLOCK_SCRATCH + 8 * CT_LANES);",
+        [f"const int64_t k_r = k_i / {inner}, k_c = k_i - k_r * {inner};",
+         f"const {T}* k_p = k_x + k_r * {product(d, inner)} + k_c;",
+         f"{T} k_b = k_p[0]; int64_t k_at = -1;",
+         f"for (int64_t k_j = CT_LANE; k_j < {d}; k_j += CT_LANES) {{",
+         f"const {T} k_v = k_p[k_j * {inner}];",
+         f"if (k_at < 0 || {better}) {{ k_b = k_v; k_at = k_j; }}",
+         "}"],
+        "k_vals[CT_LANE] = k_b; k_ats[CT_LANE] = k_at;",
+        ["for (int k_l = 1; k_l < CT_LANES; ++k_l) {",
+         f"const {T} k_v = k_vals[k_l]; const int64_t k_j = k_ats[k_l];",
+         f"if (k_j >= 0 && ({better} || ({tie} && k_j < k_at))) {{ k_b = k_v; k_at = k_j; }}",
+         "}",
+         "k_y[k_i] = k_at;"])
