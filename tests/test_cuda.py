@@ -1,5 +1,6 @@
 """The cuda backend without a GPU: the generated CUDA runs in its CPU execution mode (a virtual
-GPU, ct_cuda.h: one OS thread per CUDA thread, real barriers) and is compared with eager; nvcc
+GPU, ct_cuda.h: an OS thread per block, its lanes fibers switched at block barriers) and is
+compared with eager; nvcc
 compiles the same source for sm_80 and sm_90 without a warning, and the resources it reports
 say whether the persistent grid fits on an H100."""
 from __future__ import annotations
@@ -113,7 +114,7 @@ def test_the_virtual_gpu_matches_eager(name, blocks, threads):
 
 @pytest.mark.parametrize("name", ["loop and branch", "while on a value"])
 def test_lanes_that_yield_at_random_still_agree(name, monkeypatch):
-    monkeypatch.setenv("COCKTAILER_SHAKE", "1")   # ct_cuda.h: random yields before barriers and in spins
+    monkeypatch.setenv("COCKTAILER_SHAKE", "1")   # ct_cuda.h: lanes in a random order, random yields
     fn, input_sets = _cases()[name]
     fast = cocktailer.compile(fn, input_sets[0], backend="cuda", options=virtual(3, 4))
     with torch.no_grad():
@@ -399,6 +400,21 @@ def test_thread_sanitizer_finds_no_race_in_a_replayed_call(name, tmp_path):
     assert outputs is not None and "ThreadSanitizer" not in report, report[-6000:]
     assert code == 0
     assert_same(outputs[0], expected[0] if isinstance(expected, tuple) else expected, RTOL, ATOL)
+
+
+def test_thread_sanitizer_sees_a_blocks_lanes_race_without_their_barrier(tmp_path):
+    """A block's lanes are fibers of one OS thread on the virtual GPU; ThreadSanitizer must see
+    them as threads ordered by block barriers alone, or the test above proves nothing: with the
+    first barrier of a block's reduction taken out, it reports the lanes' race."""
+    fn, input_sets = _cases()["block reductions"]
+    fast = cocktailer.compile(fn, input_sets[0], backend="cuda", options=virtual(2, 4))
+    (_, executable), = fast.cache.values()
+    source = executable.record.source
+    racy = source.replace("CT_BLOCK_BARRIER();", ";", 1)   # lane 0 combines before the others publish
+    assert racy != source
+    with torch.no_grad():
+        _, _, report = replay(executable, racy, list(_tensors(input_sets[0])), tmp_path)
+    assert "ThreadSanitizer: data race" in report, report[-3000:]
 
 
 def _tensors(args):

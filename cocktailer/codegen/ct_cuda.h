@@ -24,10 +24,10 @@
    Two executions of the same source:
    - nvcc (__CUDACC__): the real GPU. The launch is cooperative, so a grid that cannot be
      resident at once fails to launch instead of hanging at its first grid barrier.
-   - any other C++ compiler: a virtual GPU on the CPU, one OS thread per CUDA thread; a block's
-     barrier is a real one (pthread_barrier_t), atomics are the compiler's. With
-     COCKTAILER_SHAKE=1 in the environment, lanes yield their core at random before barriers
-     and in spins, to try other interleavings.
+   - any other C++ compiler: a virtual GPU on the CPU, an OS thread per block and a fiber per
+     CUDA thread, switched at block barriers; atomics are the compiler's. With
+     COCKTAILER_SHAKE=1 in the environment, a block's lanes run in a random order each round
+     and yield their core at random before barriers and in spins, to try other interleavings.
 
    Rule the tests check: state shared by blocks (grid barriers, the step array, the error code)
    is only touched through the CT_* atomics, never by plain loads and stores; x86's strong
@@ -134,6 +134,11 @@ CT_HOST const char* ct_launch_error(int64_t code) { return cudaGetErrorString((c
 /* ---------------------------------------------------------------- a virtual GPU on the CPU */
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#ifdef __SANITIZE_THREAD__
+#include <sanitizer/tsan_interface.h>
+#endif
 #define CT_GLOBAL static
 #define CT_DEVICE
 #define CT_NOINLINE __attribute__((noinline))
@@ -141,23 +146,40 @@ CT_HOST const char* ct_launch_error(int64_t code) { return cudaGetErrorString((c
    the C++ compiler minutes and gigabytes, for a few instructions per operator call */
 #define CT_LARGE_SKELETON __attribute__((optimize("O0")))
 #define CT_HOST extern "C"
+/* A block is one OS thread; its lanes are fibers (ucontext) that it runs in turn, each up to its
+   next block barrier: a barrier is where a lane hands the thread to the next one, and a pass
+   over the lanes is one round of barriers. Blocks run at once, as on a GPU; a block's lanes
+   interleave only at barriers, which is all CUDA promises them (a lane reading another's write
+   without a barrier between is a race: COCKTAILER_SHAKE=1 runs them in a random order each
+   round, so such a read sees the write in some rounds and not in others; ThreadSanitizer builds
+   see each lane as a thread of its own, ordered by barriers alone). An OS thread per lane put
+   every block barrier through the kernel's scheduler: thousands of them a call. */
+enum { CT_LANE_WAITING = 1, CT_LANE_DONE };
+typedef struct ct_vblock ct_vblock;
 typedef struct {
-  pthread_barrier_t bar;
+  int block, blocks, lane, lanes; int64_t round; ct_vblock* vb; unsigned seed;
+  int state; ucontext_t context; char* stack; void* tsan_fiber;
+} ct_vthread;
+struct ct_vblock {
   int any[3];           /* ct_block_any's flags: round r sets any[r % 3], see there */
   int64_t* shared;      /* the block's shared memory */
-} ct_vblock;
-typedef struct { int block, blocks, lane, lanes; int64_t round; ct_vblock* vb; unsigned seed; } ct_vthread;
-static thread_local ct_vthread ct_self;
+  ct_vthread* lanes;    /* its lanes, and the thread that runs them in turn */
+  ucontext_t scheduler; void* tsan_scheduler;
+};
+/* the lane running on this OS thread now; atomic, as the lane's state, because the block's
+   thread writes them and the lane reads them with no barrier between (see ct_to_lane) */
+static thread_local ct_vthread* ct_running;
+#define ct_me (__atomic_load_n(&ct_running, __ATOMIC_RELAXED))
 static int ct_shake = 0;
-#define CT_BLOCK (ct_self.block)
-#define CT_BLOCKS (ct_self.blocks)
-#define CT_LANE (ct_self.lane)
-#define CT_LANES (ct_self.lanes)
-#define CT_BLOCK_SHARED (ct_self.vb->shared)
+#define CT_BLOCK (ct_me->block)
+#define CT_BLOCKS (ct_me->blocks)
+#define CT_LANE (ct_me->lane)
+#define CT_LANES (ct_me->lanes)
+#define CT_BLOCK_SHARED (ct_me->vb->shared)
 /* as an H100's opt-in limit per block, so that the virtual GPU makes the GPU's choices */
 static inline int64_t ct_shared_limit(void) { return 227 * 1024; }
 static inline void ct_maybe_yield(void) {
-  if (ct_shake && (rand_r(&ct_self.seed) & 3) == 0) sched_yield();
+  if (ct_shake && (rand_r(&ct_me->seed) & 3) == 0) sched_yield();
 }
 static inline int64_t ct_load_acquire(int64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline int64_t ct_load_relaxed(int64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
@@ -166,29 +188,118 @@ static inline void ct_store_relaxed(int64_t* p, int64_t v) { __atomic_store_n(p,
 static inline int64_t ct_add_fetch(int64_t* p, int64_t v) { return __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
 #define CT_PAUSE() ct_maybe_yield()
 #define CT_YIELD() sched_yield()
+
+/* From a lane to its block's thread (at a barrier, or at the kernel's end), and back. For
+   ThreadSanitizer, switches order nothing (the block's thread runs every lane: ordering through
+   it would order each lane after the one before it in the same round); a barrier orders each
+   lane's steps before it before every lane's steps after it, through a flag per round (three,
+   as ct_block_any's: a lane past barrier r must not acquire what another released arriving at
+   barrier r + 1 in the same pass). The first switch to a lane orders the launch's set-up
+   before it, and a lane's last switch orders all it did before the launch's end. */
+static inline void ct_to_scheduler(ct_vthread* me, int round, int last) {
+#ifdef __SANITIZE_THREAD__
+  __tsan_release(&me->vb->any[round % 3]);
+  __tsan_switch_to_fiber(me->vb->tsan_scheduler, last ? 0 : __tsan_switch_to_fiber_no_sync);
+#endif
+  (void)last;
+  swapcontext(&me->context, &me->vb->scheduler);
+#ifdef __SANITIZE_THREAD__
+  __tsan_acquire(&me->vb->any[round % 3]);
+#endif
+  (void)round;
+}
+static inline void ct_to_lane(ct_vthread* lane, int first) {
+  __atomic_store_n(&ct_running, lane, __ATOMIC_RELAXED);
+#ifdef __SANITIZE_THREAD__
+  __tsan_switch_to_fiber(lane->tsan_fiber, first ? 0 : __tsan_switch_to_fiber_no_sync);
+#endif
+  (void)first;
+  swapcontext(&lane->vb->scheduler, &lane->context);
+}
+static inline void ct_block_barrier(void) {
+  ct_vthread* me = ct_me;
+  __atomic_store_n(&me->state, CT_LANE_WAITING, __ATOMIC_RELAXED);
+  ct_to_scheduler(me, (int)(me->round % 3), 0);
+}
 /* __syncthreads_or. Round r of a block's lanes ORs into any[r % 3], waits, reads it; lane 0
    then clears any[(r + 2) % 3], the flag of round r + 2: its writers have not passed this
    round's barrier's successor, and its last readers (round r - 1) have passed this one. */
 static inline int ct_block_any(int x) {
-  ct_vblock* b = ct_self.vb;
-  const int slot = (int)(ct_self.round % 3);
+  ct_vblock* b = ct_me->vb;
+  const int slot = (int)(ct_me->round % 3);
   ct_maybe_yield();
   if (x) __atomic_store_n(&b->any[slot], 1, __ATOMIC_RELAXED);
-  pthread_barrier_wait(&b->bar);
+  ct_block_barrier();
   const int any = __atomic_load_n(&b->any[slot], __ATOMIC_RELAXED);
-  if (ct_self.lane == 0) __atomic_store_n(&b->any[(slot + 2) % 3], 0, __ATOMIC_RELAXED);
-  ct_self.round++;
+  if (ct_me->lane == 0) __atomic_store_n(&b->any[(slot + 2) % 3], 0, __ATOMIC_RELAXED);
+  ct_me->round++;
   return any;
 }
 
-typedef struct { ct_kernel kernel; ct_args* args; ct_vthread self; int* gate; } ct_vstart;
-static void* ct_vthread_main(void* p) {
+typedef struct { ct_kernel kernel; ct_args* args; ct_vblock* vb; int* gate; } ct_vstart;
+static thread_local ct_vstart* ct_starting;
+static void ct_lane_main(void) {
+  ct_starting->kernel(*ct_starting->args);
+  ct_vthread* me = ct_me;
+  __atomic_store_n(&me->state, CT_LANE_DONE, __ATOMIC_RELAXED);
+  ct_to_scheduler(me, 0, 1);   /* never resumed */
+}
+/* Runs the block's lanes in rounds until all have returned (in a random order each round
+   under COCKTAILER_SHAKE). A lane that returns while others wait at a barrier no longer
+   counts for it, as an exited thread on a GPU. */
+static void ct_run_lanes(ct_vblock* b, int lanes) {
+  int* order = (int*)malloc((size_t)lanes * sizeof(int));
+  unsigned seed = (unsigned)b->lanes[0].block * 40503u + 1u;
+  for (int left = lanes, first = 1; left > 0; first = 0) {
+    for (int l = 0; l < lanes; ++l) order[l] = l;
+    for (int l = lanes - 1; ct_shake && l > 0; --l) {
+      const int k = (int)(rand_r(&seed) % (unsigned)(l + 1)), t = order[l];
+      order[l] = order[k]; order[k] = t;
+    }
+    for (int k = 0; k < lanes; ++k) {
+      ct_vthread* lane = &b->lanes[order[k]];
+      if (__atomic_load_n(&lane->state, __ATOMIC_RELAXED) == CT_LANE_DONE) continue;
+      ct_to_lane(lane, first);
+      left -= __atomic_load_n(&lane->state, __ATOMIC_RELAXED) == CT_LANE_DONE;
+    }
+  }
+  free(order);
+}
+/* A lane's stack, as an OS thread's: 8 MB reserved, touched pages only backed, a guard page
+   below so that an overflow faults instead of writing over another lane's. */
+enum { CT_LANE_STACK = 8 << 20, CT_GUARD = 4096 };
+static int ct_make_lane(ct_vthread* lane) {
+  char* stack = (char*)mmap(0, CT_LANE_STACK, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) return 0;
+  lane->stack = stack;
+  mprotect(stack, CT_GUARD, PROT_NONE);
+  if (getcontext(&lane->context)) return 0;
+  lane->context.uc_stack.ss_sp = stack + CT_GUARD;
+  lane->context.uc_stack.ss_size = CT_LANE_STACK - CT_GUARD;
+  lane->context.uc_link = 0;
+  makecontext(&lane->context, ct_lane_main, 0);
+#ifdef __SANITIZE_THREAD__
+  lane->tsan_fiber = __tsan_create_fiber(0);
+#endif
+  return 1;
+}
+static void ct_free_lane(ct_vthread* lane) {
+  if (lane->stack) munmap(lane->stack, CT_LANE_STACK);
+#ifdef __SANITIZE_THREAD__
+  if (lane->tsan_fiber) __tsan_destroy_fiber(lane->tsan_fiber);
+#endif
+}
+static void* ct_vblock_main(void* p) {
   ct_vstart* s = (ct_vstart*)p;
   int gate;
   while ((gate = __atomic_load_n(s->gate, __ATOMIC_ACQUIRE)) == 0) sched_yield();
   if (gate == 1) {
-    ct_self = s->self;
-    s->kernel(*s->args);
+    ct_starting = s;
+#ifdef __SANITIZE_THREAD__
+    s->vb->tsan_scheduler = __tsan_get_current_fiber();
+#endif
+    ct_run_lanes(s->vb, s->vb->lanes[0].lanes);
   }
   return 0;
 }
@@ -206,50 +317,53 @@ enum { CT_SIGINTS_READABLE = 1 };
 static inline ct_status ct_current_device(int* d) { *d = 0; return CT_OK; }
 static inline ct_status ct_stage(ct_args* a);
 
-/* One OS thread per CUDA thread, on the call staged as for the GPU (ct_stage: a short count
-   of a table shows here too). They start together once all exist: where one cannot be
-   created, none runs (the others would wait for it at their first barrier) and the launch
-   fails. */
+/* An OS thread per block, a fiber per CUDA thread, on the call staged as for the GPU (ct_stage:
+   a short count of a table shows here too). Blocks start together once all exist: where one
+   cannot be created, none runs (the others would wait for it at their first grid barrier) and
+   the launch fails. */
 static inline int64_t ct_launch(ct_kernel kernel, ct_args a, int threads) {
-  const int n = a.nw * threads;
   int64_t* host_err = a.err;
   a.sigints0 = __atomic_load_n(a.err[2] ? (const int64_t*)(intptr_t)a.err[2] : &a.err[2], __ATOMIC_RELAXED);
   const char* shake = getenv("COCKTAILER_SHAKE");
   ct_shake = shake != 0 && shake[0] == '1';
   ct_vblock* blocks = (ct_vblock*)calloc((size_t)a.nw, sizeof(ct_vblock));
-  ct_vstart* starts = (ct_vstart*)calloc((size_t)n, sizeof(ct_vstart));
-  pthread_t* ids = (pthread_t*)calloc((size_t)n, sizeof(pthread_t));
+  ct_vthread* lanes = (ct_vthread*)calloc((size_t)a.nw * threads, sizeof(ct_vthread));
+  ct_vstart* starts = (ct_vstart*)calloc((size_t)a.nw, sizeof(ct_vstart));
+  pthread_t* ids = (pthread_t*)calloc((size_t)a.nw, sizeof(pthread_t));
   char* shared = (char*)calloc((size_t)a.nw, (size_t)a.shared_bytes + 64);
   int64_t code = CT_LAUNCH_FAILED;
-  int gate = 0;
+  int gate = 0, made = 0;
   __atomic_add_fetch(&ct_tally[CT_T_SHARED_BYTES], a.shared_bytes, __ATOMIC_RELAXED);
-  if (blocks && starts && ids && shared && ct_stage(&a) == CT_OK) {
-    for (int b = 0; b < a.nw; ++b) {
-      pthread_barrier_init(&blocks[b].bar, 0, (unsigned)threads);
-      blocks[b].shared = (int64_t*)(shared + (size_t)b * ((size_t)a.shared_bytes + 64));
+  if (blocks && lanes && starts && ids && shared && ct_stage(&a) == CT_OK) {
+    for (; made < a.nw * threads; ++made) {
+      const int b = made / threads, l = made % threads;
+      ct_vthread* lane = &lanes[made];
+      lane->block = b; lane->blocks = a.nw; lane->lane = l; lane->lanes = threads;
+      lane->vb = &blocks[b]; lane->seed = (unsigned)made * 2654435761u;
+      if (!ct_make_lane(lane)) break;
     }
     int started = 0;
-    for (; started < n; ++started) {
-      const int b = started / threads, l = started % threads;
-      ct_vthread self = { b, a.nw, l, threads, 0, &blocks[b], (unsigned)started * 2654435761u };
-      const ct_vstart start = { kernel, &a, self, &gate };
+    for (; made == a.nw * threads && started < a.nw; ++started) {
+      blocks[started].shared = (int64_t*)(shared + (size_t)started * ((size_t)a.shared_bytes + 64));
+      blocks[started].lanes = &lanes[(size_t)started * threads];
+      const ct_vstart start = { kernel, &a, &blocks[started], &gate };
       starts[started] = start;
-      if (pthread_create(&ids[started], 0, ct_vthread_main, &starts[started])) break;
+      if (pthread_create(&ids[started], 0, ct_vblock_main, &starts[started])) break;
     }
-    __atomic_store_n(&gate, started == n ? 1 : 2, __ATOMIC_RELEASE);
+    __atomic_store_n(&gate, started == a.nw ? 1 : 2, __ATOMIC_RELEASE);
     for (int t = 0; t < started; ++t) pthread_join(ids[t], 0);
-    for (int b = 0; b < a.nw; ++b) pthread_barrier_destroy(&blocks[b].bar);
-    if (started == n) {
+    if (started == a.nw) {
       ct_to_host(host_err, a.err, 2 * sizeof(int64_t));
       code = host_err[0];
     }
   }
-  free(blocks); free(starts); free(ids); free(shared);
+  for (int k = 0; lanes && k < a.nw * threads; ++k) ct_free_lane(&lanes[k]);
+  free(blocks); free(lanes); free(starts); free(ids); free(shared);
   return code;
 }
 CT_HOST const char* ct_launch_error(int64_t code) {
   (void)code;
-  return "the virtual GPU could not start one OS thread per CUDA thread (or allocate their state)";
+  return "the virtual GPU could not start an OS thread per block, a fiber per CUDA thread (or allocate their state)";
 }
 #endif
 
