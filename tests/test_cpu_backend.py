@@ -4,6 +4,7 @@ cache across processes, and the fallback when there is no C compiler."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -206,6 +207,39 @@ def test_repeated_calls_give_identical_results_with_two_workers():
         results = [fast(*w.inputs) for _ in range(300)]
     assert all(torch.equal(r, results[0]) for r in results)
     torch.testing.assert_close(results[0], expected, rtol=RTOL, atol=ATOL)
+
+
+def _select_arms(a, b, c, n: int):
+    for _ in range(n):
+        if a.sum() > 0:            # arms that only choose values: nothing computed in them
+            a, b, c = b, c, a
+        else:
+            a, b, c = c, a, b
+        a.mul_(0.5)
+    return a + b * c
+
+
+BARRIER = "if (ct_wait(ct_team, W, err)) goto ct_fail;"
+NEUTRAL = re.compile(r"if \(\*\(const uint8_t\*\).*\) \{|\} else \{|\}|if \(!\*\(const uint8_t\*\).*\) break;")
+
+
+def test_no_barrier_follows_another_with_nothing_between():
+    """A barrier orders work before it before work after it; a second one with only a branch on
+    a condition already read between orders nothing (an arm that only yields values), and
+    costs a grid barrier on a GPU. The program still matches eager."""
+    torch.manual_seed(0)
+    args = [torch.randn(5) for _ in range(3)] + [4]
+    fast = cocktailer.compile(_select_arms, [a.clone() if isinstance(a, torch.Tensor) else a for a in args],
+                              backend="cpu", options={"workers": 2})
+    (_, compiled), = fast.cache.values()
+    lines = [line.strip() for line in compiled.record.rendered.source.splitlines()]
+    barriers = [k for k, line in enumerate(lines) if line == BARRIER]
+    assert len(barriers) > 3
+    for before, after in zip(barriers, barriers[1:]):
+        between = lines[before + 1:after]
+        assert not all(NEUTRAL.fullmatch(line) for line in between), "\n".join(lines[before:after + 1])
+    assert_same(fast(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args]), _select_arms(*args),
+                RTOL, ATOL, path="select arms")
 
 
 def test_long_skeleton_compiled_without_optimizing_it(monkeypatch):

@@ -42,6 +42,7 @@ class Renderer:
         self.plan = plan
         self.d = dialect
         self.lines: list[str] = []
+        self.synced = False   # whether every worker has passed a barrier since the last work (see barrier)
         self.errors: list[str] = []
         self.names = 0
         self.sites: dict[str, list[int]] = {}   # callee -> call-site ids
@@ -108,7 +109,23 @@ class Renderer:
         return f"{{ {self.d.atomic_store('err[0]', self._error_code(message))} goto ct_fail; }}"
 
     def emit(self, line: str = ""):
+        """A line of the skeleton; as far as barriers know, work (see `barrier`)."""
         self.lines.append(line)
+        self.synced = False
+
+    def keep(self, line: str):
+        """A line that reads what every worker has and writes nothing (a branch on a condition
+        computed before a barrier): the workers stay as synchronized as they were."""
+        self.lines.append(line)
+
+    def barrier(self):
+        """Every worker waits for all of them. A second barrier with nothing between is left
+        out: after the first, nothing is left for it to order (a branch's arm that only
+        yields, a loop body ending in a barrier before its carried copies). On a GPU each is a
+        grid barrier and two block barriers."""
+        if not self.synced:
+            self.lines.append(self.d.barrier)
+            self.synced = True
 
     # -- items ------------------------------------------------------------------------
     def block(self, block: Block):
@@ -116,7 +133,7 @@ class Renderer:
             if isinstance(item, UOperator):
                 self.operator(item)
             elif isinstance(item, Barrier):
-                self.emit(self.d.barrier)
+                self.barrier()
             elif isinstance(item, Sync):
                 self.sync(item)
             elif isinstance(item, BranchUTask):
@@ -208,7 +225,7 @@ class Renderer:
             if n != "0":
                 self.tally("w == 0", "CT_T_BYTES", f"2 * ({n})")
                 self.emit("ct_copy({}, {}, {}, {}, {});".format(dst, src, n, *self.d.shares("w", "W")))
-        self.emit(self.d.barrier)
+        self.barrier()
 
     def moves(self, sources: list[Value], targets: list[Value], base_src=None, base_dst=None) -> list[tuple]:
         return [(self.byte_ptr(t, base_dst), self.byte_ptr(s, base_src), self.nbytes(t.type))
@@ -226,15 +243,18 @@ class Renderer:
 
     def branch(self, item: BranchUTask):
         op = item.op
-        self.emit(f"if (*(const uint8_t*){self.ptr(op.operands[0])}) {{")
+        before = self.synced
+        self.keep(f"if (*(const uint8_t*){self.ptr(op.operands[0])}) {{")
         self.block(item.then)
-        self.emit(self.d.barrier)
+        self.barrier()
         self.copies(self.moves(op.regions[0].yields, op.results))
-        self.emit("} else {")
+        after_then, self.synced = self.synced, before
+        self.keep("} else {")
         self.block(item.orelse)
-        self.emit(self.d.barrier)
+        self.barrier()
         self.copies(self.moves(op.regions[1].yields, op.results))
-        self.emit("}")
+        self.keep("}")
+        self.synced = self.synced and after_then
 
     def loop(self, item: LoopUTask):
         op = item.op
@@ -248,11 +268,11 @@ class Renderer:
         self.emit(f"for (CT_L[{i}] = 0; {bound}; CT_L[{i}]++) {{")
         if item.cond is not None:
             self.block(item.cond)
-            self.emit(self.d.barrier)
-            self.emit(f"if (!*(const uint8_t*){self.ptr(op.loop_cond.yields[0])}) break;")
+            self.barrier()
+            self.keep(f"if (!*(const uint8_t*){self.ptr(op.loop_cond.yields[0])}) break;")
         self.back_edge_checks(f"CT_L[{i}]")
         self.block(item.body)
-        self.emit(self.d.barrier)
+        self.barrier()
         if op.loop_stacked:
             self.copies(self.stack_rows(op, f"CT_L[{i}]"))
         self.carry(op.loop_carried_yields, carried, op.results)
@@ -334,7 +354,7 @@ class Renderer:
     def function(self, name: str):
         self.emit(f"fn_{name}: ;")
         self.block(self.up.functions[name])
-        self.emit(self.d.barrier)
+        self.barrier()
         self.emit("fp = (char*)(intptr_t)CT_F(sp); sp--;")
         self.emit(f"@@resume {name}@@")   # filled in by render(): call sites of later functions are not known yet
 
@@ -391,7 +411,7 @@ class Renderer:
         self.emit("  #define CT_L (L0 + (sp + 1) * NLOC)   /* this frame's loop counters */")
         workers_check = len(self.lines)   # after every declaration: C++ (CUDA) jumps over none
         self.block(self.up.functions[self.program.entry])
-        self.emit(d.barrier)
+        self.barrier()
         outs = [(f"((char*)out[{k}])", self.byte_ptr(v), self.nbytes(v.type))
                 for k, v in enumerate(main.body.yields) if not self._computed_in_output(v, k)]
         self.copies(outs)
