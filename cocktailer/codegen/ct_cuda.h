@@ -416,8 +416,11 @@ static inline ct_status ct_stage(ct_args* a) {
 #ifdef __CUDACC__
 #define CT_TALLY(counts, k, n) ((void)0)
 #else
-#define CT_TALLY(counts, k, n) ((counts) && CT_LANE == 0 ? (void)__atomic_add_fetch(&ct_tally[k], (n), __ATOMIC_RELAXED) \
-                                                         : (void)0)
+/* a function, not an expression at each of the skeleton's thousands of places (compile time) */
+static CT_NOINLINE void ct_count(int counts, int k, int64_t n) {
+  if (counts && CT_LANE == 0) __atomic_add_fetch(&ct_tally[k], n, __ATOMIC_RELAXED);
+}
+#define CT_TALLY(counts, k, n) ct_count((counts), (k), (n))
 #endif
 CT_HOST void ct_tallies(int64_t* out) {
   for (int k = 0; k < CT_TALLIES; ++k) { out[k] = ct_tally[k]; ct_tally[k] = 0; }

@@ -53,6 +53,7 @@ class Dialect:
                                     # memory where the launch finds room for it (CT_BLOCK_SHARED)
     tally: str = ""                 # counts an event ({counts}: whether this worker counts it) for reports
     large_skeleton: str = '__attribute__((optimize("O0")))'   # qualifies an entry too long to optimize
+    helpers: str = ""               # C the skeleton calls, after the shared synchronization (SYNC_C)
 
     def simd(self, *reductions: str) -> str:
         """The annotation of a vector loop, with reductions such as "+:acc"."""
@@ -129,7 +130,7 @@ _CUDA = Dialect(
     parallel_begin="",
     worker_ids="const int ct_gw = CT_BLOCK; int w = ct_gw, W = CT_BLOCKS; "
                "const int64_t ct_gt = (int64_t)ct_gw * CT_LANES + CT_LANE;",
-    barrier="CT_TALLY(w == 0, CT_T_BARRIERS, 1); if (CT_LEAD(ct_wait(ct_team, W, err))) goto ct_fail;",
+    barrier="if (ct_grid_wait(ct_team, W, err, w == 0)) goto ct_fail;",
     simd_pragma="",
     preemptions=("", ""),   # a GPU's blocks are not preempted by other processes
     kernel_prefix="CT_DEVICE CT_NOINLINE static",
@@ -143,6 +144,16 @@ _CUDA = Dialect(
     cooperative=True,
     tally="CT_TALLY({counts}, {kind}, {amount});",
     large_skeleton="CT_LARGE_SKELETON",
+    helpers=r"""
+/* The skeleton's barrier, called from each of its (thousands of) places rather than spelled out
+   there (the C++ compiler took 40% longer on a skeleton with it spelled out, and a GPU fetches
+   the kernel's instructions): the block's lanes meet, lane 0 waits for the grid's other
+   blocks, and the barrier is counted. */
+CT_OUTLINED int ct_grid_wait(ct_barrier_t* team, int W, const int64_t* err, int counts) {
+  CT_TALLY(counts, CT_T_BARRIERS, 1);
+  return CT_LEAD(ct_wait(team, W, err));
+}
+""",
 )
 
 # Synchronization and copies every target shares, written with the dialect's primitives.
@@ -191,7 +202,9 @@ CT_OUTLINED int ct_await(const int64_t* steps, int p, int64_t step, const int64_
 #endif
 CT_OUTLINED void ct_copy(char* restrict dst, const char* restrict src, int64_t n, int w, int W) {
   if (dst == src) return;
+#if CT_COPY_ALONE > 0
   if (n < CT_COPY_ALONE) { if (w == 0) memcpy(dst, src, (size_t)n); return; }
+#endif
   int64_t chunk = ((n + W - 1) / W + 15) & ~(int64_t)15, begin = chunk * w;
   int64_t end = begin + chunk < n ? begin + chunk : n;
   if (begin < end) memcpy(dst + begin, src + begin, (size_t)(end - begin));
@@ -209,4 +222,4 @@ def preamble(dialect: Dialect) -> str:
     """What every generated file starts with: headers, the dialect's primitives, the shared
     synchronization."""
     head = "\n".join([*(f"#define {d}" for d in dialect.defines), *(f"#include <{h}>" for h in dialect.headers)])
-    return "\n".join([head, dialect.primitives, _NO_RESTRICT, SYNC_C])
+    return "\n".join([head, dialect.primitives, _NO_RESTRICT, SYNC_C, dialect.helpers])
