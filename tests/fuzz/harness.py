@@ -53,6 +53,10 @@ CONFIGS = {
     # the cuda backend's program on a virtual GPU (its CPU execution mode): not sampled, asked for
     # (run.py --also cuda-virtual; tests/test_fuzz.py on a few seeds)
     "cuda-virtual": ("cuda", {"virtual_gpu": True, "workers": 2, "threads": 4}),
+    # the same on blocks of a warp's 32 threads, and its source compiled by nvcc for an H100
+    # (sm_90): a warning, or a grid of one block per SM that does not fit, is a failure
+    # (run.py --also cuda-nvcc: a second or two more per program)
+    "cuda-nvcc": ("cuda", {"virtual_gpu": True, "workers": 2, "threads": 32}),
 }
 RAGGED = {"batch-ragged", "batch-ragged-torch"}
 DYNAMIC = {"cpu-dynamic", "reference-dynamic"}
@@ -127,7 +131,41 @@ def check(program: Program, config: str, sets: int = INPUT_SETS, max_iterations:
             result.seed, result.config, result.sets = program.seed, config, k
             return result
         out.sets = k + 1
+    if config == "cuda-nvcc":
+        problem = nvcc_problem(fast)
+        if problem:
+            return Outcome(program.seed, config, "crash", problem, sets=out.sets)
     return out
+
+
+def nvcc_problem(fast) -> str | None:
+    """What is wrong with the CUDA source of each of `fast`'s programs as nvcc sees it for an
+    H100 (sm_90): a compiler error or warning, or a block of the dialect's threads that does not
+    fit on an SM with the registers and shared memory nvcc reports. None without nvcc."""
+    from cocktailer.codegen.dialect import cuda
+    from cocktailer.runtime.compiler import compile_cuda, find_nvcc
+    from cocktailer.schedule.device import H100, resident_blocks_per_sm
+    if find_nvcc() is None:
+        return None
+    threads = cuda().threads
+    for _, executable in fast.cache.values():
+        source = executable.record.source
+        if not source:   # nothing native (a program the backend left to the reference executor)
+            continue
+        try:
+            kernels = compile_cuda(source, "sm_90")
+        except Exception as e:
+            return "nvcc: " + _short(e)
+        for kernel in kernels:   # one, or one per basic block at L2
+            if kernel.warnings:
+                return f"nvcc warns: {kernel.warnings}"
+            shared = kernel.shared_bytes + CT_SCRATCH_PER_LANE * threads   # the kernels' part of the dynamic
+            if resident_blocks_per_sm(H100, threads, kernel.registers, shared) < 1:
+                return f"a block of {threads} threads does not fit on an H100 SM: {kernel}"
+    return None
+
+
+CT_SCRATCH_PER_LANE = 16   # ct_cuda.h's: shared memory each lane of a block has for the kernels
 
 
 def check_batch(program: Program, sets: int, max_iterations: int | None = None, config: str = "batch") -> Outcome:

@@ -3,6 +3,7 @@
     python tests/fuzz/run.py --minutes 10                 # seeds from a random start, 2 workers
     python tests/fuzz/run.py --programs 5000 --jobs 2 --start 100000 --out fuzz-results
     python tests/fuzz/run.py --minutes 10 --also cuda-virtual   # and each on the cuda backend's virtual GPU
+    python tests/fuzz/run.py --minutes 10 --also cuda-nvcc      # on blocks of 32 threads, and nvcc's verdict
 
 Each program (see gen.py) runs on the reference backend and on `--native` sampled native
 configurations (see harness.CONFIGS), on several input sets, compared with eager on results
@@ -62,7 +63,7 @@ def _parse(argv):
     p.add_argument("--jobs", type=int, default=2, help="worker processes")
     p.add_argument("--native", type=int, default=1, help="native configurations per program")
     p.add_argument("--also", action="append", default=[], metavar="CONFIG",
-                   help="a configuration every program also runs (harness.CONFIGS: cuda-virtual)")
+                   help="a configuration every program also runs (harness.CONFIGS: cuda-virtual, cuda-nvcc)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds one program may take (then: a hang)")
     p.add_argument("--out", default="fuzz-results", help="where reproducers and summary.json go")
     p.add_argument("--no-minimize", action="store_true", help="write failing programs as they are")
