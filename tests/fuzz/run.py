@@ -21,6 +21,7 @@ import json
 import os
 import random
 import selectors
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,8 @@ def main(argv=None):
     report = Report(start)
     env = {**os.environ, "COCKTAILER_CACHE_DIR": tempfile.mkdtemp(prefix="cocktailer-fuzz-cache-"),
            "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    # workers have sessions of their own (Worker.start): a SIGTERM (timeout's) must still stop them
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     workers = [Worker(env) for _ in range(args.jobs)]
     deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
     seeds = iter(range(start, start + (args.programs or 10**9)))
@@ -82,9 +85,11 @@ class Worker:
         self.start()
 
     def start(self):
+        # a session of its own: stopping a hung worker stops the compiler it may be waiting for
+        # (an nvcc left behind kept a core busy for the rest of a run)
         self.proc = subprocess.Popen([sys.executable, str(HERE / "run.py"), "--worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self.env, text=True,
-                                     bufsize=1)
+                                     bufsize=1, start_new_session=True)
         self.job, self.since = None, None
 
     def send(self, job: dict):
@@ -98,7 +103,7 @@ class Worker:
 
     def stop(self):
         try:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
         except Exception:
             pass
