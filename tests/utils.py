@@ -102,10 +102,10 @@ NATIVE_REPEATS = 8
 VIRTUAL_GPU_REPEATS = 2
 
 
-# The cuda backend's virtual GPU (its CPU execution mode), 2 blocks of 4 threads, runs every
-# program of assert_matches_eager's as users compile by default; COCKTAILER_TEST_CUDA=1 also with
-# every size dynamic (a minute more, so not in CI's run)
-VIRTUAL_GPU = {"virtual_gpu": True, "workers": 2, "threads": 4}
+# The cuda backend's virtual GPU (its CPU execution mode), 2 blocks of a warp's 32 threads,
+# runs every program of assert_matches_eager's as users compile by default;
+# COCKTAILER_TEST_CUDA=1 also with every size dynamic (a minute more, so not in CI's run)
+VIRTUAL_GPU = {"virtual_gpu": True, "workers": 2, "threads": 32}
 
 
 def _configs(backend: str | None) -> list[tuple[str, bool | None]]:
