@@ -146,10 +146,11 @@ _CUDA = Dialect(
     large_skeleton="CT_LARGE_SKELETON",
     helpers=r"""
 /* The skeleton's barrier, called from each of its (thousands of) places rather than spelled out
-   there (the C++ compiler took 40% longer on a skeleton with it spelled out, and a GPU fetches
-   the kernel's instructions): the block's lanes meet, lane 0 waits for the grid's other
-   blocks, and the barrier is counted. */
-CT_OUTLINED int ct_grid_wait(ct_barrier_t* team, int W, const int64_t* err, int counts) {
+   there (the C++ compiler took 40% longer on a virtual GPU's skeleton with it spelled out): the
+   block's lanes meet, lane 0 waits for the grid's other blocks, and the barrier is counted.
+   Inline: nvcc inlines it (called, the kernel needed 16 to 27 more registers: ABI calls), and a
+   skeleton long enough for its compile time to matter is not optimized on the CPU anyway. */
+CT_FN int ct_grid_wait(ct_barrier_t* team, int W, const int64_t* err, int counts) {
   CT_TALLY(counts, CT_T_BARRIERS, 1);
   return CT_LEAD(ct_wait(team, W, err));
 }
