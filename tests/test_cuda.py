@@ -1,8 +1,7 @@
 """The cuda backend without a GPU: the generated CUDA runs in its CPU execution mode (a virtual
 GPU, ct_cuda.h: an OS thread per block, its lanes fibers switched at block barriers) and is
-compared with eager; nvcc
-compiles the same source for sm_80 and sm_90 without a warning, and the resources it reports
-say whether the persistent grid fits on an H100."""
+compared with eager; nvcc compiles the same source for sm_80 and sm_90 without a warning, and
+the resources it reports say whether the persistent grid fits on an H100."""
 from __future__ import annotations
 
 import re

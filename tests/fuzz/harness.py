@@ -55,7 +55,7 @@ CONFIGS = {
     "cuda-virtual": ("cuda", {"virtual_gpu": True, "workers": 2, "threads": 4}),
     # the same on blocks of a warp's 32 threads, and its source compiled by nvcc for an H100
     # (sm_90): a warning, or a grid of one block per SM that does not fit, is a failure
-    # (run.py --also cuda-nvcc: a second or two more per program)
+    # (run.py --also cuda-nvcc: seconds to tens of seconds more per program, nvcc's time)
     "cuda-nvcc": ("cuda", {"virtual_gpu": True, "workers": 2, "threads": 32}),
 }
 RAGGED = {"batch-ragged", "batch-ragged-torch"}
