@@ -113,7 +113,10 @@ def _configs(backend: str | None) -> list[tuple[str, bool | None]]:
     from the first call, or specialized where the program needs it as a number)."""
     if backend:
         return [(backend, None), (backend, True)]
+    from cocktailer.runtime.compiler import find_cxx_compiler
     configs = [(name, dynamic) for name in backends_under_test() for dynamic in (None, True)]
+    if find_cxx_compiler() is None:   # the virtual GPU is the CUDA source compiled as C++
+        return configs
     return configs + [("cuda", None)] + ([("cuda", True)] if os.environ.get("COCKTAILER_TEST_CUDA") == "1" else [])
 
 
