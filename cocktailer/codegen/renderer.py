@@ -173,7 +173,7 @@ class Renderer:
         ctx = KernelContext(ptr=param, worker="w", workers="W", fail=self.fail,
                             fresh=lambda prefix: f"{prefix}_{next(names)}", prepacked=prepacked, simd=self.d.simd,
                             size=self.size, engine=self.d.engine, line_shares=self.d.line_shares,
-                            cooperative=self.d.cooperative)
+                            cooperative=self.d.cooperative, pieces=str(self.up.device.workers))
         body = KERNELS[op.op](op, ctx)
         function = self.kernels.get(body)
         if function is None:

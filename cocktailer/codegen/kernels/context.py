@@ -66,3 +66,8 @@ class KernelContext:
     # share and split each output over the lanes, which then meet at CT_BLOCK_BARRIER() and
     # combine partial results in CT_BLOCK_SCRATCH (CT_SCRATCH_PER_LANE bytes a lane)
     cooperative: bool = False
+    # C expression: the workers the program is compiled for (W when every worker runs it): a
+    # kernel whose result depends on how its work is cut (MKL's GEMM: its kernel and summation
+    # order follow a call's tile sizes) cuts it for this count whatever W is, so that a call the
+    # runtime runs on fewer workers (native.Workers, on a busy machine) gives the same bits
+    pieces: str = "W"

@@ -202,7 +202,8 @@ def _gemv(nb, M, K, N, a_off, b_off, ctx) -> list[str]:
             "}"]
 
 
-def gemm_tiles(nb: int, M: int, N: int, mr: int, nr: int, ctx: KernelContext, call: str) -> list[str]:
+def gemm_tiles(nb: int, M: int, N: int, mr: int, nr: int, ctx: KernelContext, call: str,
+               fixed: bool = False) -> list[str]:
     """Split the GEMMs of nb batch items over the workers and run `call` once per contiguous
     piece, which sees k_bi (batch item), rows [k_m0, k_m1) and columns [k_n0, k_n1).
 
@@ -210,17 +211,24 @@ def gemm_tiles(nb: int, M: int, N: int, mr: int, nr: int, ctx: KernelContext, ca
     items: whole items (nothing packed twice). Else, A taller than B is wide: row chunks of MR
     rows (each worker reads only its rows of A, which dominate the traffic). Else NR-wide
     column panels (each worker packs only its part of B), and row chunks too if that is not
-    enough to go round."""
+    enough to go round.
+
+    `fixed`: `call`'s result depends on the piece's size (MKL's sgemm_), so the pieces are cut
+    for ctx.pieces workers whatever W is, and a worker runs each piece of its share of them:
+    the same calls, and bits, on fewer workers."""
     np_, mb = ceil_div(N, nr), ceil_div(M, mr)
     units = product(nb, np_)
     below = units - 1 if isinstance(units, int) else f"{units} - 1"
-    W = ctx.workers
+    W = ctx.pieces if fixed else ctx.workers
+    pieces = ([f"for (int64_t k_v = {ctx.worker}; k_v < {W}; k_v += {ctx.workers}) {{",
+               f"const int64_t k_lo = k_units * k_v / {W}, k_hi = k_units * (k_v + 1) / {W};"] if W != ctx.workers else
+              ["{", f"const int64_t k_lo = k_units * {ctx.worker} / {W}, k_hi = k_units * ({ctx.worker} + 1) / {W};"])
     return [f"int64_t k_rc = 1, k_pu = {np_};",
             f"if ({nb} >= 4 * {W}) k_pu = 1;",
             f"else if ({M} >= 2 * {N} && {product(nb, mb)} >= {W}) {{ k_rc = {mb}; k_pu = 1; }}",
             f"else if ({units} < {W}) k_rc = CK_MIN({mb}, ({W} + {below}) / {units});",
             f"const int64_t k_units = {nb} * k_rc * k_pu;",
-            f"const int64_t k_lo = k_units * {ctx.worker} / {W}, k_hi = k_units * ({ctx.worker} + 1) / {W};",
+            *pieces,
             "for (int64_t k_u = k_lo; k_u < k_hi; ) {",
             "const int64_t k_bi = k_u / (k_rc * k_pu), k_rem = k_u - k_bi * k_rc * k_pu;",
             "const int64_t k_ri = k_rem / k_pu, k_p0 = k_rem - k_ri * k_pu;",
@@ -230,7 +238,7 @@ def gemm_tiles(nb: int, M: int, N: int, mr: int, nr: int, ctx: KernelContext, ca
             f"const int64_t k_n0 = k_pu > 1 ? k_p0 * {nr} : 0, k_n1 = k_pu > 1 ? CK_MIN({N}, k_p1 * {nr}) : {N};",
             "if (k_m0 < k_m1) {", call, "}",
             "k_u += (k_r1 - k_ri) * (k_p1 - k_p0);",
-            "}"]
+            "}", "}"]
 
 
 def _gemm(nb, M, K, N, a_off, b_off, ctx, b=None, m=None, n=None, lda=None, ldb=None, transposed=False) -> list[str]:
@@ -242,7 +250,7 @@ def _gemm(nb, M, K, N, a_off, b_off, ctx, b=None, m=None, n=None, lda=None, ldb=
     mr, nr = choose_variant(M if isinstance(M, int) else m, N if isinstance(N, int) else n)
     if blas_tiles():
         return gemm_tiles(nb, M, N, mr, nr, ctx, blas_tile(transposed, K, f"k_a + {a_off}", lda, f"k_b + {b_off}", ldb,
-                                                           f"k_c + k_bi * {product(M, N)}", N))
+                                                           f"k_c + k_bi * {product(M, N)}", N), fixed=True)
     packed = ctx.prepacked(b, nr) if b is not None else None
     if packed is not None:   # weights packed once, ahead of time: the driver reads the panels in place
         source, packer = f"const ck_prepacked k_bm = {{ {packed}, {-(-N // nr) * nr} }};\n", "0"
