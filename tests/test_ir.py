@@ -117,6 +117,19 @@ def test_dce_removes_unused_ops_including_control_flow():
     assert prog.main.body.ops == []
 
 
+def test_dce_removes_a_function_whose_calls_were_dead():
+    """Rendered, a function nothing calls is code nothing jumps to (nvcc warned of its frame
+    pointer, set and never read)."""
+    p = Value(F32_4)
+    callee = Function("f", Region([p], [op(Op.EXP, [p], [F32_4])], []))
+    callee.body.yields = [callee.body.ops[0].results[0]]
+    x = Value(F32_4)
+    call = op(Op.CALL, [x], [F32_4], callee="f")
+    prog = program_of(Region([x], [call], [x]), [callee])
+    dce(prog)
+    assert list(prog.functions) == [prog.entry] and prog.main.body.ops == []
+
+
 def test_every_op_has_reference_semantics_or_is_control_flow():
     from cocktailer.ir.ops import CONTROL, SEMANTICS
     missing = [o for o in Op if o not in SEMANTICS and o not in CONTROL and o is not Op.CONST]

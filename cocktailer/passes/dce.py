@@ -5,8 +5,8 @@ All IR ops are pure (in-place writes were made functional at capture), so an ope
 whose results nobody reads can go, control flow included. A control-flow op's unread
 results go too, with what produces them: an `if`'s yields, a loop's carried values that
 only feed themselves (capture carries whether a variable may still be a view of the tensor
-it started as; where nothing writes through it, nothing reads that), and the results of a
-recursive function that no call reads."""
+it started as; where nothing writes through it, nothing reads that), the results of a
+recursive function that no call reads, and a function no call reaches any more."""
 from __future__ import annotations
 
 from cocktailer.ir import Function, Op, Operation, Program, Region
@@ -43,8 +43,24 @@ def dce(program: Program) -> Program:
             used_ids(fn.body, used)
             changed |= _sweep(fn.body, used)
             changed |= _drop_unread_results(fn.body, used)
+        changed |= _drop_uncalled_functions(program)
         if not changed:
             return program
+
+
+def _drop_uncalled_functions(program: Program) -> bool:
+    """Functions no call reaches from the entry (their calls were dead code) go: rendered, they
+    were code nothing jumps to (nvcc warned of a frame pointer set and never read)."""
+    reached, todo = {program.entry}, [program.entry]
+    while todo:
+        for op in program.functions[todo.pop()].body.walk():
+            if op.op is Op.CALL and op.attrs["callee"] not in reached:
+                reached.add(op.attrs["callee"])
+                todo.append(op.attrs["callee"])
+    uncalled = [name for name in program.functions if name not in reached]
+    for name in uncalled:
+        del program.functions[name]
+    return bool(uncalled)
 
 
 # -- results of if and loop -----------------------------------------------------------------
