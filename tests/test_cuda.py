@@ -14,7 +14,7 @@ import torch.nn as nn
 import cocktailer
 from cocktailer import models
 from cocktailer.codegen.dialect import cuda
-from cocktailer.runtime.compiler import compile_cuda, compile_shared_library, find_cxx_compiler, find_nvcc, \
+from cocktailer.runtime.compiler import compile_cuda_many, compile_shared_library, find_cxx_compiler, find_nvcc, \
     load_library
 from cocktailer.runtime.native import CompiledProgram
 from cocktailer.schedule.device import H100, resident_blocks_per_sm
@@ -489,8 +489,7 @@ def test_virtual_gpu_lanes_split_a_worker_share_exactly():
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvcc_compiles_every_sample_without_a_warning_and_the_grid_fits(sources, arch):
-    for name, source in sources.items():
-        (kernel,) = compile_cuda(source, arch)
+    for name, (kernel,) in zip(sources, compile_cuda_many(list(sources.values()), arch)):   # one nvcc run
         assert kernel.kernel == "cocktailer_run_kernel"
         assert not kernel.warnings, f"{name} on {arch}: {kernel.warnings}"
         assert 0 < kernel.registers <= 255
@@ -500,6 +499,22 @@ def test_nvcc_compiles_every_sample_without_a_warning_and_the_grid_fits(sources,
         threads = cuda().threads
         per_sm = resident_blocks_per_sm(H100, threads, kernel.registers, kernel.shared_bytes)
         assert per_sm >= 1, f"{name}: a block of {threads} threads does not fit on an SM"
+
+
+@needs_nvcc
+def test_programs_nvcc_compiles_together_report_what_each_does_alone(sources):
+    """compile_cuda_many: one nvcc run for several programs, each in a namespace of its own;
+    each one's kernel reports the registers and shared memory it does alone, under its own
+    name, and a warning goes to the program whose lines it names."""
+    from cocktailer.runtime.compiler import PROGRAM_MARK, compile_cuda
+    unused = "\nstatic __device__ int ct_unused(int x) { int ct_set; ct_set = x; return 0; }"
+    first, warned = sources["recursion"], sources["waves"].replace(PROGRAM_MARK, PROGRAM_MARK + unused, 1)
+    together = compile_cuda_many([first, warned], "sm_90")
+    for (kernel,), alone in zip(together, ([compile_cuda(first, "sm_90")[0], compile_cuda(warned, "sm_90")[0]])):
+        assert kernel.kernel == alone.kernel == "cocktailer_run_kernel"
+        assert (kernel.registers, kernel.shared_bytes, kernel.spill_bytes) == (
+            alone.registers, alone.shared_bytes, alone.spill_bytes)
+    assert together[0][0].warnings == () and any("ct_set" in w for w in together[1][0].warnings)
 
 
 def test_resident_blocks_follow_registers_threads_and_shared_memory():

@@ -20,6 +20,7 @@ from cocktailer.codegen.kernels import KERNELS, PORTABLE_PRELUDE, PRELUDE, Kerne
 from cocktailer.codegen.kernels.common import product
 from cocktailer.errors import INTERRUPTED, ITERATIONS_EXCEEDED
 from cocktailer.ir import Op, Operation, Program, Sym, SymbolicSizeError, Value
+from cocktailer.runtime.compiler import PROGRAM_MARK
 from cocktailer.runtime.native import ERR_SIZES as SIZES_AT   # err[]: where the call's symbolic sizes start
 from cocktailer.schedule.memory import MemoryPlan
 from cocktailer.schedule.utask import Barrier, Block, BranchUTask, FanOut, LoopUTask, Sync, UOperator, UProgram, UTaskRef
@@ -484,8 +485,10 @@ SKELETON_OPTIMIZE_LINES = 5000
 
 
 def assemble(functions: list[Rendered], dialect: Dialect = CPU) -> str:
-    """One C source: the dialect's preamble, the kernels' prelude, then the entry functions."""
-    return "\n".join([preamble(dialect), PRELUDE if dialect.engine else PORTABLE_PRELUDE, *(f.source for f in functions)])
+    """One C source: the dialect's preamble, the kernels' prelude, then (after PROGRAM_MARK:
+    programs compiled together share what is before it) the entry functions."""
+    return "\n".join([preamble(dialect), PRELUDE if dialect.engine else PORTABLE_PRELUDE, PROGRAM_MARK,
+                      *(f.source for f in functions)])
 
 
 def render(uprogram: UProgram, plan: MemoryPlan, dialect: Dialect = CPU, entry: str = "cocktailer_run") -> Rendered:

@@ -14,7 +14,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -172,9 +172,50 @@ def gpu_arch(device: torch.device) -> str:
     return f"sm_{major}{minor}"
 
 
+# Where a generated CUDA source's own part starts, after the header and kernels' prelude every
+# program shares (codegen.renderer.assemble writes it)
+PROGRAM_MARK = "/* ---------------------------------------------------------------- the program */"
+# Programs compiled together: their kernels and launchers get internal linkage, so that each
+# program's in a namespace of its own does not clash with another's of the same C name
+_TOGETHER = "#undef CT_GLOBAL\n#define CT_GLOBAL static __global__\n#undef CT_HOST\n#define CT_HOST static __host__\n"
+
+
 def compile_cuda(source: str, arch: str = "sm_90") -> list[CudaResources]:
     """Compile `source` with nvcc for `arch` (a cubin, discarded) and read back each kernel's
     resources. Raises CompilerNotFound without nvcc, RuntimeError if it fails."""
+    return compile_cuda_many([source], arch)[0]
+
+
+def compile_cuda_many(sources: Sequence[str], arch: str = "sm_90") -> list[list[CudaResources]]:
+    """`compile_cuda` of each source, in one nvcc run: most of a run is the shared header
+    (1.2 s of a small program's 1.3 s), so programs whose prelude up to PROGRAM_MARK is the
+    same are compiled as one translation unit, each in a namespace. A warning is each
+    program's whose lines it names (or whose kernel), else every program's."""
+    if len(sources) == 1:
+        output = _nvcc(sources[0], arch)
+        return [_ptxas_resources(output, arch, _warnings(output.splitlines()))]
+    heads = {source.partition(PROGRAM_MARK)[0] for source in sources}
+    if len(heads) > 1 or any(PROGRAM_MARK not in source for source in sources):
+        return [compile_cuda(source, arch) for source in sources]
+    head = heads.pop() + PROGRAM_MARK + "\n" + _TOGETHER
+    parts, firsts = [head], []
+    line = head.count("\n") + 1
+    for k, source in enumerate(sources):
+        body = f"namespace ct_p{k} {{\n{source.partition(PROGRAM_MARK)[2]}\n}}\n"
+        firsts.append(line)
+        parts.append(body)
+        line += body.count("\n")
+    output = _nvcc("".join(parts), arch)
+    lines = output.splitlines()
+    found = [_ptxas_resources(output, arch, (), f"ct_p{k}") for k in range(len(sources))]
+    for k, kernels in enumerate(found):
+        last = firsts[k + 1] if k + 1 < len(firsts) else line
+        own = _warnings(lines, lambda at, name: (firsts[k] <= at < last) if at else (f"ct_p{k}" in name if name else True))
+        found[k] = [replace(kernel, warnings=own) for kernel in kernels]
+    return found
+
+
+def _nvcc(source: str, arch: str) -> str:
     nvcc = find_nvcc()
     if nvcc is None:
         raise CompilerNotFound("nvcc not found (set NVCC, or install the CUDA toolkit)")
@@ -186,13 +227,28 @@ def compile_cuda(source: str, arch: str = "sm_90") -> list[CudaResources]:
     output = result.stdout + result.stderr
     if result.returncode != 0:
         raise RuntimeError(f"nvcc failed for {arch}:\n{output[-4000:]}")
-    return _ptxas_resources(output, arch)
+    return output
 
 
-def _ptxas_resources(output: str, arch: str) -> list[CudaResources]:
+def _warnings(lines: list[str], mine=lambda at, name: True) -> tuple[str, ...]:
+    """The warnings among nvcc's output `lines` for which mine(source line or None, kernel
+    named or None) holds."""
+    found = []
+    for text in lines:
+        if "warning" not in text.lower() or text.startswith("Remark"):   # (how to silence them: not one)
+            continue
+        at = re.search(r"\.cu\((\d+)\)", text)
+        name = re.search(r"'(_Z\w+|\w+_kernel)'", text)
+        if mine(int(at.group(1)) if at else None, name.group(1) if name else None):
+            found.append(text.strip())
+    return tuple(found)
+
+
+def _ptxas_resources(output: str, arch: str, warnings: tuple[str, ...], namespace: str | None = None
+                     ) -> list[CudaResources]:
     """Each entry function's line of ptxas's report: registers, and the stack its calls take
-    at most (cumulative) or its own frame; spills are the entry's own."""
-    warnings = tuple(line.strip() for line in output.splitlines() if "warning" in line.lower())
+    at most (cumulative) or its own frame; spills are the entry's own. `namespace`: only the
+    entries in it (programs compiled together), named without it."""
     kernels, entries, current = [], set(), None
     numbers: dict[str, int] = {}
     for line in output.splitlines():
@@ -206,8 +262,23 @@ def _ptxas_resources(output: str, arch: str) -> list[CudaResources]:
         elif current and (m := re.search(r"Used (\d+) registers", line)):
             shared = re.search(r"(\d+) bytes smem", line)
             stack = re.search(r"(\d+) bytes cumulative stack size", line)
-            kernels.append(CudaResources(arch, current, int(m.group(1)), int(shared.group(1)) if shared else 0,
-                                         int(stack.group(1)) if stack else numbers.get("stack", 0),
-                                         numbers.get("spill", 0), warnings))
+            name = current if namespace is None else _in_namespace(current, namespace)
+            if name is not None:
+                kernels.append(CudaResources(arch, name, int(m.group(1)), int(shared.group(1)) if shared else 0,
+                                             int(stack.group(1)) if stack else numbers.get("stack", 0),
+                                             numbers.get("spill", 0), warnings))
             current = None
     return kernels
+
+
+def _in_namespace(mangled: str, namespace: str) -> str | None:
+    """The name of a function that `mangled` (Itanium: _ZN <length><name>... E) names in
+    `namespace`, or None if it is not in it."""
+    names, at = [], 3 if mangled.startswith("_ZN") else None
+    while at is not None and at < len(mangled) and (mangled[at].isdigit() or mangled[at] == "L"):
+        at += mangled[at] == "L"   # (internal linkage, where a compiler marks it)
+        digits = re.match(r"\d+", mangled[at:]).group()
+        at += len(digits)
+        names.append(mangled[at:at + int(digits)])
+        at += int(digits)
+    return names[1] if len(names) >= 2 and names[0] == namespace else None
