@@ -4,6 +4,7 @@ Only the public API is used here: `cocktailer.compile`, `cocktailer.capture`.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -120,6 +121,25 @@ def _configs(backend: str | None) -> list[tuple[str, bool | None]]:
     return configs + [("cuda", None)] + ([("cuda", True)] if os.environ.get("COCKTAILER_TEST_CUDA") == "1" else [])
 
 
+# tests/nvcc_all.py: where every CUDA program the tests compile is written, for nvcc
+CUDA_SOURCES = "COCKTAILER_CUDA_SOURCES"
+
+
+def keep_cuda_source(compiled):
+    """Write each CUDA program of `compiled` (for the virtual GPU: the same source nvcc gets) into
+    the directory $COCKTAILER_CUDA_SOURCES names, if it names one."""
+    where = os.environ.get(CUDA_SOURCES)
+    if not where:
+        return
+    for _, executable in compiled.cache.values():
+        source = executable.record.source
+        if source:
+            path = os.path.join(where, hashlib.sha256(source.encode()).hexdigest()[:20] + ".cu")
+            with open(f"{path}.{os.getpid()}", "w") as f:
+                f.write(source)
+            os.replace(f"{path}.{os.getpid()}", path)
+
+
 def _repeats(backend: str) -> int:
     return 0 if backend == "reference" else VIRTUAL_GPU_REPEATS if backend == "cuda" else NATIVE_REPEATS
 
@@ -160,6 +180,8 @@ def assert_matches_eager(
             assert_same(compiled_inputs, eager_inputs, *tol, path=f"[{name}] input set {k}: inputs after the call")
             for r in repeats:
                 assert_same(r, actual, 0, 0, path=f"[{name}] input set {k}, repeated call: out")
+        if name.startswith("cuda"):
+            keep_cuda_source(fast)   # every build: other input sets' sizes may have made more
         compiled.append(fast)
     return compiled[0]
 
