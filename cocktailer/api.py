@@ -127,7 +127,8 @@ def compile(model_or_function: Callable, example_inputs: tuple | None = None, *,
     backend ("auto" picks it for CUDA tensors) compiles with nvcc for the tensors' GPU, a block
     of `threads` threads (default 32) per SM unless `workers` says how many; without a toolkit
     the reference backend runs them, with one warning; `control_stack` says where each block
-    keeps its control state (the simulated stack's labels and frames, loop counters):
+    keeps its control state (the simulated stack's labels and frames, loop counters) and, in a
+    team of one block (one block, or each call of a fan-out), the recursion's frames themselves:
     "shared" (default: in the block's shared memory where it fits, else global) or "global".
     On CPU tensors it takes
     `virtual_gpu=True` (run the generated CUDA on a virtual GPU, its CPU execution mode:

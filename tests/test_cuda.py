@@ -132,6 +132,30 @@ def test_recursion_runs_on_the_simulated_stack_of_every_block():
             assert_same(fast(*inputs), model(*inputs), RTOL, ATOL)
 
 
+@pytest.mark.parametrize("blocks,fan_out,control_stack,in_shared", [
+    (1, False, "shared", True),     # a grid of one block is a team of one from the start
+    (2, True, "shared", True),      # two calls at once, a block each: below the root, teams of one
+    (2, False, "shared", False),    # a team of two blocks: frames both write, in global memory
+    (1, False, "global", False)])
+def test_recursion_frames_of_a_team_of_one_block_in_its_shared_memory(blocks, fan_out, control_stack, in_shared):
+    """The recursion's frames (the tensors of each call) of a team of one block live in the
+    block's shared memory where they fit: past the root call's frame (which the whole grid's
+    team makes where there are several blocks) the stack in global memory stays as it was
+    (filled with a pattern before each call), and the results are eager's."""
+    model = seeded(RAE)
+    instances = zoo_inputs()
+    fast = cocktailer.compile(model, instances[0], backend="cuda", options=virtual(
+        blocks, 8, control_stack=control_stack, max_depth=40, fan_out=fan_out))
+    (_, executable), = fast.cache.values()
+    written = False   # (a tree of one leaf has the root's frame only)
+    for inputs in instances:
+        executable._scratch()[1].fill_(0x5A)
+        with torch.no_grad():
+            assert_same(fast(*inputs), model(*inputs), RTOL, ATOL)
+        written |= bool((executable._scratch()[1][executable.entry.frame_bytes:] != 0x5A).any())
+    assert written != in_shared
+
+
 @pytest.mark.parametrize("control_stack,max_depth,threads,in_shared", [
     ("shared", 40, 8, True),      # 41 frames x (8 slots + counters) x 8 B x 8 lanes: fits a block
     ("shared", 2000, 32, False),  # 2001 frames x 32 lanes: over the 227 KB a block may have
@@ -355,7 +379,7 @@ def test_the_launch_copies_every_table_entry_the_runtime_binds(name):
     fn, input_sets = _cases()[name]
     fast = cocktailer.compile(fn, input_sets[0], backend="cuda", options=virtual())
     (_, executable), = fast.cache.values()
-    launcher = re.search(r"ct_args a = \{[^}]*CT_STEP_STRIDE \* nw, [^,]+, -1, (\d+), (\d+), (\d+), (\d+) \}",
+    launcher = re.search(r"ct_args a = \{[^}]*CT_STEP_STRIDE \* nw, [^,]+, -1, -1, (\d+), (\d+), (\d+), (\d+) \}",
                          executable.record.source)
     err = executable._scratch()[4]
     entry = executable.entry

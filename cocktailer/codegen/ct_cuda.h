@@ -45,6 +45,7 @@ typedef struct {
   int64_t bar_bytes, step_bytes;
   int64_t shared_bytes;   /* the block's shared memory: the kernels' scratch, then the control state's */
   int64_t state_offset;   /* where in it the control state starts (-1: in locals and rets) */
+  int64_t frames_offset;  /* where a team of one block keeps its recursion frames in it (-1: in stack_all) */
   int n_in, n_out, n_cst, n_err;   /* entries of in, out, cst and err: what ct_stage copies to the device */
 } ct_args;
 /* ct_launch's code when the GPU launch itself failed (err[1] then holds the cudaError_t:

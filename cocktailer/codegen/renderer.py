@@ -394,9 +394,11 @@ class Renderer:
         self.emit("  int64_t sp = -1; char* fp = arena;")
         self.emit("  int ct_lead = 0, ct_nest = 0;   /* this worker's team: its first worker, its depth of splitting */")
         self.emit("  int64_t ct_step = 0;   /* fine-grained barriers passed (see ct_await) */")
-        self.emit("  ct_barrier_t* ct_team = &ct_bars[0]; char* stack = stack_all;")
-        self.emit("  #define CT_TEAM() (ct_team = &ct_bars[ct_lead * CT_MAX_NEST + ct_nest], "
-                  "stack = stack_all + (int64_t)ct_lead * max_depth * FRAME)")
+        stack = "stack_all + (int64_t)ct_lead * max_depth * FRAME"
+        if self._frames_in_shared():   # a team of one block: its frames in its shared memory, where the launch found room
+            stack = f"W == 1 && ct_a.frames_offset >= 0 ? CT_BLOCK_SCRATCH + ct_a.frames_offset : {stack}"
+        self.emit(f"  ct_barrier_t* ct_team = &ct_bars[0]; char* stack = {stack};")
+        self.emit(f"  #define CT_TEAM() (ct_team = &ct_bars[ct_lead * CT_MAX_NEST + ct_nest], stack = {stack})")
         slots = f"rets + (int64_t){d.state_index} * (max_depth + 1) * CT_SLOTS"
         counters = f"locals + (int64_t){d.state_index} * (max_depth + 1) * NLOC"
         if d.state_in_shared:   # where the launch found room (ct_a.state_offset): each lane's rows there
@@ -454,6 +456,13 @@ class Renderer:
         else the entry's alone."""
         return "(max_depth + 1)" if len(self.program.functions) > 1 else "1"
 
+    def _frames_in_shared(self) -> bool:
+        """Whether a team of one block keeps the recursion's frames (their tensors) in its shared
+        memory where they fit (Cocktailer measures both places): as the control state, on the
+        CUDA dialect unless `control_stack="global"`, for frames of a size known when rendered.
+        A team of several blocks keeps them in global memory, which all its blocks write."""
+        return self.d.state_in_shared and len(self.program.functions) > 1 and not self.plan.frame_dynamic
+
     def _launcher(self):
         """The entry point on the host: one launch of the kernel, a block per worker (`nw`),
         with the grid's barriers and step array (ct_cuda.h's ct_launch zeroes them, and err),
@@ -466,12 +475,17 @@ class Renderer:
         self.emit("  ct_args a = { in, out, cst, arena, stack_all, max_depth, locals, rets, err, nw, 0, 0, 0,")
         self.emit("                (int64_t)sizeof(ct_barrier_t) * CT_MAX_NEST * nw, "
                   f"(int64_t)sizeof(int64_t) * CT_STEP_STRIDE * nw, (int64_t)CT_SCRATCH_PER_LANE * {self.d.threads}, "
-                  f"-1, {', '.join(map(str, counts))} }};")
+                  f"-1, -1, {', '.join(map(str, counts))} }};")
         if self.d.state_in_shared:   # the control state in the block's shared memory, where it fits
             self.emit(f"  const int64_t ct_state = (int64_t){self._state_frames()} * (CT_SLOTS + "
                       f"{max(plan.locals_per_frame, 1)}) * (int64_t)sizeof(int64_t) * {self.d.threads};")
             self.emit("  if (a.shared_bytes + ct_state <= ct_shared_limit()) { a.state_offset = a.shared_bytes; "
                       "a.shared_bytes += ct_state; }")
+        if self._frames_in_shared():   # then a team of one block's recursion frames, where they fit
+            self.emit(f"  const int64_t ct_frames_at = (a.shared_bytes + 63) / 64 * 64, "
+                      f"ct_frames_bytes = max_depth * {max(plan.frame_bytes, 64)};")
+            self.emit("  if (ct_frames_at + ct_frames_bytes <= ct_shared_limit()) { a.frames_offset = ct_frames_at; "
+                      "a.shared_bytes = ct_frames_at + ct_frames_bytes; }")
         self.emit(f"  return ct_launch({self.entry}_kernel, a, {self.d.threads});")
         self.emit("}")
 
