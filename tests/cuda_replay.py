@@ -77,7 +77,7 @@ def _blob(data: bytes) -> bytes:
 
 
 def _bytes(t: torch.Tensor) -> bytes:
-    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""   # (0-d too)
 
 
 def replay(program: CompiledProgram, source: str, inputs: list[torch.Tensor], workdir: Path):

@@ -425,6 +425,21 @@ def test_thread_sanitizer_finds_no_race_in_a_replayed_call(name, tmp_path):
     assert_same(outputs[0], expected[0] if isinstance(expected, tuple) else expected, RTOL, ATOL)
 
 
+def test_thread_sanitizer_finds_no_race_in_recursion_frames_in_shared_memory(tmp_path):
+    """A fan-out over two blocks: below the root, each call's frames in its block's shared
+    memory, written and read by the block's lanes between block barriers."""
+    model = seeded(RAE)
+    inputs = zoo_inputs()[0]
+    fast = cocktailer.compile(model, inputs, backend="cuda", options=virtual(2, 4, max_depth=40, fan_out=True))
+    (_, executable), = fast.cache.values()
+    with torch.no_grad():
+        outputs, code, report = replay(executable, executable.record.source, list(_tensors(inputs)), tmp_path)
+        expected = model(*inputs)
+    assert outputs is not None and "ThreadSanitizer" not in report, report[-6000:]
+    assert code == 0
+    assert_same(outputs[0], expected, RTOL, ATOL)
+
+
 def test_thread_sanitizer_sees_a_blocks_lanes_race_without_their_barrier(tmp_path):
     """A block's lanes are fibers of one OS thread on the virtual GPU; ThreadSanitizer must see
     them as threads ordered by block barriers alone, or the test above proves nothing: with the
