@@ -726,3 +726,30 @@ def test_a_returned_tensor_is_not_the_memory_an_update_of_its_copy_writes():
     `copy` write into `soft`'s buffer in place, as nothing read `soft` after it; but the
     function returns `soft`, read at its end. Row 1 of the first result came out zero."""
     assert_matches_eager(_returned_and_its_updated_copy, [(randn(8, 6, seed=0),), (randn(3, 6, seed=1),)])
+
+
+def _argument_still_held_after_iterations(x, y, n, k):
+    r0 = x[0] * 2
+    for _ in range(3):
+        if n > 0:
+            y = x[k[0] % 4]   # a view at a run-time row of whatever `x` is now
+        else:
+            r0 = x[-1]
+        if k[3] > 3:
+            x = x.clamp(-1.5, 1.5)
+    x.fill_(-1.0)
+    return r0, y
+
+
+def test_an_argument_a_loop_variable_still_is_after_iterations_is_written_through_it():
+    """Found by the fuzzer (seed 7273816), on every backend, the reference included: `y` and
+    `r0` view the memory of `x` (the argument, while nothing rebinds it) at overlapping rows,
+    so the loop keeps that memory as one slot, held either as it was after the last iteration
+    or as `x`'s memory now. From the second iteration on, with `x` still the argument, the slot
+    held what it held before and `x` lost its link to it: `x.fill_` never reached the argument."""
+    x, y = randn(4, 3, seed=0), randn(3, seed=1)
+    assert_matches_eager(_argument_still_held_after_iterations, [
+        (x, y, torch.tensor(2), torch.tensor([1, 5, 4, 6])),    # x rebound in the first iteration
+        (x, y, torch.tensor(2), torch.tensor([0, 7, 4, 3])),    # x the argument throughout, y a view of it
+        (x, y, torch.tensor(-1), torch.tensor([0, 7, 4, 3])),   # x the argument, r0 a view of its last row
+        (x, y, torch.tensor(-1), torch.tensor([2, 1, 0, 9]))])
