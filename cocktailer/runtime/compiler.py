@@ -210,7 +210,8 @@ def compile_cuda_many(sources: Sequence[str], arch: str = "sm_90") -> list[list[
     found = [_ptxas_resources(output, arch, (), f"ct_p{k}") for k in range(len(sources))]
     for k, kernels in enumerate(found):
         last = firsts[k + 1] if k + 1 < len(firsts) else line
-        own = _warnings(lines, lambda at, name: (firsts[k] <= at < last) if at else (f"ct_p{k}" in name if name else True))
+        own = _warnings(lines, lambda at, name: firsts[k] <= at < last if at else
+                        _in_namespace(name, f"ct_p{k}") is not None if name else True)
         found[k] = [replace(kernel, warnings=own) for kernel in kernels]
     return found
 
@@ -277,7 +278,9 @@ def _in_namespace(mangled: str, namespace: str) -> str | None:
     names, at = [], 3 if mangled.startswith("_ZN") else None
     while at is not None and at < len(mangled) and (mangled[at].isdigit() or mangled[at] == "L"):
         at += mangled[at] == "L"   # (internal linkage, where a compiler marks it)
-        digits = re.match(r"\d+", mangled[at:]).group()
+        digits = re.match(r"\d*", mangled[at:]).group()
+        if not digits:
+            break
         at += len(digits)
         names.append(mangled[at:at + int(digits)])
         at += int(digits)
