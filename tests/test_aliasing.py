@@ -741,6 +741,21 @@ def _argument_still_held_after_iterations(x, y, n, k):
     return r0, y
 
 
+def _argument_held_by_the_slot_it_was(x, y, n, k):
+    r0 = x[0] * 2
+    for _ in range(3):
+        last = x[-1]
+        if n > 0:
+            y = x[k[0] % 4]
+        elif k[3] > 3:
+            r0 = last
+        if k[3] > 3:
+            x = x.clamp(-1.5, 1.5)
+    r0.fill_(0.5)
+    x.fill_(-1.0)
+    return r0, y
+
+
 def test_an_argument_a_loop_variable_still_is_after_iterations_is_written_through_it():
     """Found by the fuzzer (seed 7273816), on every backend, the reference included: `y` and
     `r0` view the memory of `x` (the argument, while nothing rebinds it) at overlapping rows,
@@ -752,4 +767,16 @@ def test_an_argument_a_loop_variable_still_is_after_iterations_is_written_throug
         (x, y, torch.tensor(2), torch.tensor([1, 5, 4, 6])),    # x rebound in the first iteration
         (x, y, torch.tensor(2), torch.tensor([0, 7, 4, 3])),    # x the argument throughout, y a view of it
         (x, y, torch.tensor(-1), torch.tensor([0, 7, 4, 3])),   # x the argument, r0 a view of its last row
+        (x, y, torch.tensor(-1), torch.tensor([2, 1, 0, 9]))])
+
+
+def test_the_memory_a_loop_slot_holds_keeps_the_links_of_the_memory_it_also_is():
+    """The same seed, another of its programs: where the slot holds the loop variable's memory
+    now, which is also the memory it held after the last iteration, the slot's link to the
+    argument went only through the latter, under the flag that the slot held it."""
+    x, y = randn(4, 3, seed=2), randn(3, seed=3)
+    assert_matches_eager(_argument_held_by_the_slot_it_was, [
+        (x, y, torch.tensor(2), torch.tensor([1, 5, 4, 6])),
+        (x, y, torch.tensor(2), torch.tensor([0, 7, 4, 3])),
+        (x, y, torch.tensor(-1), torch.tensor([0, 7, 4, 3])),
         (x, y, torch.tensor(-1), torch.tensor([2, 1, 0, 9]))])

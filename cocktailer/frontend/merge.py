@@ -195,7 +195,7 @@ def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[
     ways = [(storage, target, chain, flags) for storage in slot_of
             for target, chain, flags in _link_targets(storage, is_outer, slot_of, (), frozenset({storage}))]
     ways += list(_views_between_slots(slot_of, is_outer))
-    ways += list(_through_other_choices(ways, choices))
+    ways += list(_through_other_choices(ways, choices, slot_of, is_outer))
     for alias, target, chain, flags in ways:
         if point(target) != ("slot", slot_of[alias]):   # two storages of one slot: nothing to link
             link = LinkPlan(slot_of[alias], point(target), chain_structure(chain))
@@ -205,25 +205,33 @@ def resolve(side: Side, merged: list[int], side_index: int, is_outer: Callable[[
     return r
 
 
-def _through_other_choices(ways: list, choices: dict) -> Iterator:
+def _through_other_choices(ways: list, choices: dict, slot_of: dict, is_outer) -> Iterator:
     """(alias, storage, chain, flags): a way that ends at one storage of a slot several stand
-    for, continued to the others that storage may itself be (a loop variable that still is the
-    memory the slot held after the last iteration). The slot holds one of them: a way counts
-    under the flag that it holds the one the way ends at, and without the continuation a
-    variable that is the memory the slot still holds would lose its link to it (a write
-    through `x` no longer reached the argument `x` was: fuzz seed 7273816)."""
+    for, continued through the others that storage may itself be (a loop variable that still
+    is the memory the slot held after the last iteration). The slot holds one of them, and a
+    way counts under the flag that it holds the one the way ends at: without the continuation
+    a variable that is the memory the slot still holds lost its link to it, and where the slot
+    holds one storage that is another, the slot lost the other's links (a write through `x`
+    no longer reached the argument `x` was: fuzz seed 7273816). From a variable, the way goes
+    on to the slot's other storages; from one of the slot's storages, also to what they may be."""
     group = {storage: key for key, storages in choices.items() for storage in storages}
     for alias, target, chain, flags in ways:
-        todo, seen = [(target, chain, flags)], {target}
+        key = group.get(target)
+        if key is None:
+            continue
+        todo, seen = [(target, chain, flags)], {target, alias}
         while todo:
             at, at_chain, at_flags = todo.pop()
             for link in at.links:
-                other = link.target
-                if group.get(other) == group.get(target) is not None and other not in seen and other is not alias:
+                other, way = link.target, (link.chain + at_chain, at_flags + (link.flag,))
+                if other in seen:
+                    continue
+                if group.get(other) == key:
                     seen.add(other)
-                    way = (canonical(other, link.chain + at_chain), at_flags + (link.flag,))
                     todo.append((other, *way))
-                    yield (alias, other, *way)
+                    yield alias, other, canonical(other, way[0]), way[1]
+                elif group.get(alias) == key and (is_outer(other) or other in slot_of):
+                    yield alias, other, canonical(other, way[0]), way[1]
 
 
 def _choices(shared: dict) -> dict[tuple, list[Storage]]:
