@@ -482,10 +482,17 @@ class Renderer:
             self.emit("  if (a.shared_bytes + ct_state <= ct_shared_limit()) { a.state_offset = a.shared_bytes; "
                       "a.shared_bytes += ct_state; }")
         if self._frames_in_shared():   # then a team of one block's recursion frames, where they fit
+            # only where a team of one block can occur: a grid of one, or fan-outs that split it
+            # down to single blocks (CT_MAX_NEST - 1 splits at most, each in at most `widest`
+            # groups); else the memory would sit unused and take the SM's L1 share for nothing
+            widest = max((len(i.calls) for i in self.up.items() if isinstance(i, FanOut)), default=1)
+            self.emit("  int64_t ct_smallest = nw;   /* the smallest team fan-outs leave */")
+            self.emit(f"  for (int ct_i = 1; ct_i < CT_MAX_NEST && ct_smallest > 1 && {widest} > 1; ++ct_i) "
+                      f"ct_smallest /= ct_smallest < {widest} ? ct_smallest : {widest};")
             self.emit(f"  const int64_t ct_frames_at = (a.shared_bytes + 63) / 64 * 64, "
                       f"ct_frames_bytes = max_depth * {max(plan.frame_bytes, 64)};")
-            self.emit("  if (ct_frames_at + ct_frames_bytes <= ct_shared_limit()) { a.frames_offset = ct_frames_at; "
-                      "a.shared_bytes = ct_frames_at + ct_frames_bytes; }")
+            self.emit("  if (ct_smallest == 1 && ct_frames_at + ct_frames_bytes <= ct_shared_limit()) { "
+                      "a.frames_offset = ct_frames_at; a.shared_bytes = ct_frames_at + ct_frames_bytes; }")
         self.emit(f"  return ct_launch({self.entry}_kernel, a, {self.d.threads});")
         self.emit("}")
 
