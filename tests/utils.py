@@ -8,6 +8,7 @@ import hashlib
 import math
 import os
 import re
+from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -131,13 +132,11 @@ def keep_cuda_source(compiled):
     where = os.environ.get(CUDA_SOURCES)
     if not where:
         return
+    from cocktailer.runtime.cache import write_atomic
     for _, executable in compiled.cache.values():
         source = executable.record.source
         if source:
-            path = os.path.join(where, hashlib.sha256(source.encode()).hexdigest()[:20] + ".cu")
-            with open(f"{path}.{os.getpid()}", "w") as f:
-                f.write(source)
-            os.replace(f"{path}.{os.getpid()}", path)
+            write_atomic(Path(where, hashlib.sha256(source.encode()).hexdigest()[:20] + ".cu"), source.encode())
 
 
 def _repeats(backend: str) -> int:

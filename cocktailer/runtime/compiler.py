@@ -206,13 +206,14 @@ def compile_cuda_many(sources: Sequence[str], arch: str = "sm_90") -> list[list[
         parts.append(body)
         line += body.count("\n")
     output = _nvcc("".join(parts), arch)
-    lines = output.splitlines()
-    found = [_ptxas_resources(output, arch, (), f"ct_p{k}") for k in range(len(sources))]
-    for k, kernels in enumerate(found):
+    lines, kernels = output.splitlines(), _ptxas_resources(output, arch, ())   # every program's, read once
+    found = []
+    for k, first in enumerate(firsts):
         last = firsts[k + 1] if k + 1 < len(firsts) else line
-        own = _warnings(lines, lambda at, name: firsts[k] <= at < last if at else
+        own = _warnings(lines, lambda at, name: first <= at < last if at else
                         _in_namespace(name, f"ct_p{k}") is not None if name else True)
-        found[k] = [replace(kernel, warnings=own) for kernel in kernels]
+        found.append([replace(kernel, kernel=name, warnings=own) for kernel in kernels
+                      if (name := _in_namespace(kernel.kernel, f"ct_p{k}")) is not None])
     return found
 
 
@@ -245,11 +246,9 @@ def _warnings(lines: list[str], mine=lambda at, name: True) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _ptxas_resources(output: str, arch: str, warnings: tuple[str, ...], namespace: str | None = None
-                     ) -> list[CudaResources]:
+def _ptxas_resources(output: str, arch: str, warnings: tuple[str, ...]) -> list[CudaResources]:
     """Each entry function's line of ptxas's report: registers, and the stack its calls take
-    at most (cumulative) or its own frame; spills are the entry's own. `namespace`: only the
-    entries in it (programs compiled together), named without it."""
+    at most (cumulative) or its own frame; spills are the entry's own."""
     kernels, entries, current = [], set(), None
     numbers: dict[str, int] = {}
     for line in output.splitlines():
@@ -263,11 +262,9 @@ def _ptxas_resources(output: str, arch: str, warnings: tuple[str, ...], namespac
         elif current and (m := re.search(r"Used (\d+) registers", line)):
             shared = re.search(r"(\d+) bytes smem", line)
             stack = re.search(r"(\d+) bytes cumulative stack size", line)
-            name = current if namespace is None else _in_namespace(current, namespace)
-            if name is not None:
-                kernels.append(CudaResources(arch, name, int(m.group(1)), int(shared.group(1)) if shared else 0,
-                                             int(stack.group(1)) if stack else numbers.get("stack", 0),
-                                             numbers.get("spill", 0), warnings))
+            kernels.append(CudaResources(arch, current, int(m.group(1)), int(shared.group(1)) if shared else 0,
+                                         int(stack.group(1)) if stack else numbers.get("stack", 0),
+                                         numbers.get("spill", 0), warnings))
             current = None
     return kernels
 

@@ -142,12 +142,9 @@ def nvcc_problem(fast) -> str | None:
     """What is wrong with the CUDA source of each of `fast`'s programs as nvcc sees it for an
     H100 (sm_90): a compiler error or warning, or a block of the dialect's threads that does not
     fit on an SM with the registers and shared memory nvcc reports. None without nvcc."""
-    from cocktailer.codegen.dialect import cuda
     from cocktailer.runtime.compiler import compile_cuda, find_nvcc
-    from cocktailer.schedule.device import H100, resident_blocks_per_sm
     if find_nvcc() is None:
         return None
-    threads = cuda().threads
     for _, executable in fast.cache.values():
         source = executable.record.source
         if not source:   # nothing native (a program the backend left to the reference executor)
@@ -157,11 +154,23 @@ def nvcc_problem(fast) -> str | None:
         except Exception as e:
             return "nvcc: " + _short(e)
         for kernel in kernels:   # one, or one per basic block at L2
-            if kernel.warnings:
-                return f"nvcc warns: {kernel.warnings}"
-            shared = kernel.shared_bytes + CT_SCRATCH_PER_LANE * threads   # the kernels' part of the dynamic
-            if resident_blocks_per_sm(H100, threads, kernel.registers, shared) < 1:
-                return f"a block of {threads} threads does not fit on an H100 SM: {kernel}"
+            problem = kernel_problem(kernel)
+            if problem:
+                return problem
+    return None
+
+
+def kernel_problem(kernel) -> str | None:
+    """A warning nvcc gave for `kernel` (its CudaResources), or a block of the dialect's threads
+    that does not fit on an H100 SM with its registers and shared memory; None if neither."""
+    from cocktailer.codegen.dialect import cuda
+    from cocktailer.schedule.device import H100, resident_blocks_per_sm
+    if kernel.warnings:
+        return f"nvcc warns: {kernel.warnings}"
+    threads = cuda().threads
+    shared = kernel.shared_bytes + CT_SCRATCH_PER_LANE * threads   # the kernels' part of the dynamic
+    if resident_blocks_per_sm(H100, threads, kernel.registers, shared) < 1:
+        return f"a block of {threads} threads does not fit on an H100 SM: {kernel}"
     return None
 
 
