@@ -47,7 +47,8 @@ native call); + masks in blocks (a softmax or product over a ragged size, attent
 padding inside its native block instead of running as a masked torch op); + packed rows
 (position-wise blocks over a ragged size compute on the instances' real rows, not the padding);
 + buckets (a masked block over instances of very different sizes runs once per bucket of
-similar sizes, padded to the bucket's longest: the default). A step that does not apply to a model (loop programs to a tree
+similar sizes, padded to the bucket's longest); + lane calls (the same block once per instance
+at its own size, the instances shared out among the workers by a native loop: the default). A step that does not apply to a model (loop programs to a tree
 recursion, levels to an RNN) changes nothing but noise.
 """
 from __future__ import annotations
@@ -196,7 +197,7 @@ def run_workload(name: str, hidden: int | None, batch: int, budget: Budget, with
 _OFF = Techniques(levels=False, gather_fusion=False, parameter_reuse=False, native_blocks=False,
                   native_inspector=False, level_programs=False, loop_programs=False)
 _LEVELS = Techniques(native_blocks=False, native_inspector=False, level_programs=False, loop_programs=False)
-_PADDED = {"block_masks": False, "packed_rows": False}   # the ragged techniques, added last
+_PADDED = {"block_masks": False, "packed_rows": False, "lane_calls": False}   # the ragged techniques, added last
 ABLATION = [   # (name, techniques, instances per call: 1 or all)
     ("one instance per call", Techniques(), 1),
     ("batched, depth-first", _OFF, None),
@@ -208,9 +209,10 @@ ABLATION = [   # (name, techniques, instances per call: 1 or all)
     ("+ level programs", Techniques(level_loop=False, loop_programs=False, **_PADDED), None),
     ("+ native level loop", Techniques(loop_programs=False, **_PADDED), None),
     ("+ loop programs", Techniques(**_PADDED), None),
-    ("+ masks in blocks", Techniques(packed_rows=False), None),
-    ("+ packed rows", Techniques(buckets=False), None),
-    ("+ buckets (default)", Techniques(), None),
+    ("+ masks in blocks", Techniques(packed_rows=False, lane_calls=False), None),
+    ("+ packed rows", Techniques(buckets=False, lane_calls=False), None),
+    ("+ buckets", Techniques(lane_calls=False), None),
+    ("+ lane calls (default)", Techniques(), None),
 ]
 
 

@@ -106,6 +106,9 @@ def _batched(batched: BatchedFunction, example_inputs) -> str:
         if schedule.padded_rows:
             lines.append(f"  position-wise blocks computed {schedule.packed_rows} rows, of the {schedule.padded_rows} "
                          "they would have padded to the longest instance")
+        if schedule.lane_calls:
+            lines.append(f"  masked blocks (attention over instances of different sizes) ran as {schedule.lane_calls} "
+                         "calls, one per instance at its own size, the instances shared out among the workers")
         if schedule.bucketed_calls:
             lines.append(f"  masked blocks (attention over instances of different sizes) ran in {schedule.bucketed_calls} "
                          "calls over buckets of instances of similar sizes, each padded to its own longest")

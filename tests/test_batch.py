@@ -324,6 +324,42 @@ class TokenEncoder(nn.Module):
         return h, h[2]
 
 
+class InstanceKeys(nn.Module):
+    """Attention over a sentence's tokens whose keys go through the instance's own matrix: its
+    masked block reads values packed by token (queries, keys, values), a value with one row per
+    instance (the matrix) and its mask."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.q, self.k, self.v, self.out = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x, w):
+        y = torch.softmax(self.q(x) @ (self.k(x) @ w).transpose(0, 1) / 3, -1) @ self.v(x)
+        return self.out(y)
+
+
+@native
+def test_a_masked_block_runs_once_per_instance_at_its_own_size():
+    """Sentences of 2 to 41 tokens, each with its own key matrix: the attention block runs as
+    one call per sentence on the native lane loop (rows read where they lie packed, the
+    matrix at the instance's row), each result eager's, as with buckets and with one padded
+    call; the same executor serves a second batch of other lengths."""
+    from cocktailer.runtime.native import default_workers
+    torch.manual_seed(3)
+    model = InstanceKeys().eval()
+    lengths = [5, 41, 2, 17, 3, 30, 9, 2, 26, 4] * -(-2 * default_workers() // 10)
+    instances = [(randn(n, 8, seed=k), randn(8, 8, seed=100 + k)) for k, n in enumerate(lengths)]
+    batched = assert_batch_matches(model, instances)
+    assert batched.schedule.lane_calls == len(lengths)
+    again = [(randn(n + 3, 8, seed=k), w) for k, (n, (_, w)) in enumerate(zip(lengths[::-1], instances))]
+    with torch.no_grad():
+        for out, args in zip(batched(again), again):
+            assert_same(out, model(*args), rtol=1e-4, atol=1e-5)
+    assert batched.schedule.lane_calls == len(lengths)
+    for off in (Techniques(lane_calls=False), Techniques(lane_calls=False, buckets=False)):
+        assert assert_batch_matches(model, instances, techniques=off).schedule.lane_calls == 0
+
+
 @native
 def test_block_outputs_reuse_memory_from_call_to_call_and_results_stay_the_callers(monkeypatch):
     """Native blocks' outputs take the workspace's memory the same outputs had the call before
@@ -599,7 +635,7 @@ def test_a_tree_index_out_of_range_is_named_and_nothing_is_returned():
 
 @pytest.mark.parametrize("off", ["levels", "gather_fusion", "parameter_reuse", "native_blocks", "native_inspector",
                                  "level_programs", "level_loop", "loop_programs", "block_masks", "packed_rows",
-                                 "buckets"])
+                                 "buckets", "lane_calls"])
 def test_each_technique_turned_off_gives_the_same_answers(off):
     """The ablation's configurations compute what the default does (only slower)."""
     techniques = Techniques(**{off: False})

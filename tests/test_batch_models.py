@@ -125,13 +125,33 @@ def test_berxit_attention_runs_in_buckets_of_similar_lengths():
     model.threshold = 2.0   # nobody leaves early: every layer sees every length
     lengths = [1, 60, 7, 60, 2, 3, 33, 5, 4, 9, 58, 2, 6, 1, 12, 8, 3, 45, 2, 5]
     instances = [(randn(n, 16, seed=k),) for k, n in enumerate(lengths)]
-    batched = assert_batch_matches(model, instances)
+    batched = assert_batch_matches(model, instances, techniques=Techniques(lane_calls=False))
     assert batched.schedule.bucketed_calls >= 2 * len(model.layers)
     assert "buckets of instances of similar sizes" in cocktailer.explain(batched)
-    unbucketed = assert_batch_matches(model, instances, techniques=Techniques(buckets=False))
+    unbucketed = assert_batch_matches(model, instances, techniques=Techniques(buckets=False, lane_calls=False))
     assert unbucketed.schedule.bucketed_calls == 0
-    few = assert_batch_matches(model, instances[:5])   # too few instances to split: one call
+    few = assert_batch_matches(model, instances[:5], techniques=Techniques(lane_calls=False))   # too few to split
     assert few.schedule.bucketed_calls == 0
+
+
+def test_berxit_attention_runs_once_per_sentence_at_its_own_length():
+    """By default the same sentences' attention runs as one call per sentence at its own
+    length (the native lane loop), on the workers at once: no bucket, no padding; every
+    result is eager's, the explanation says so, and a batch of fewer sentences than two a
+    worker runs attention as one call over all of them."""
+    from cocktailer.runtime.native import default_workers
+    model, _ = INSTANCES["berxit"](1, size="small", seed=0)
+    model.threshold = 2.0
+    # (no sentence of one token: size 1 is compiled apart, its sentences a batch of their own)
+    lengths = [2, 60, 7, 60, 2, 3, 33, 5, 4, 9, 58, 2, 6, 3, 12, 8, 3, 45, 2, 5]
+    lengths *= -(-2 * default_workers() // len(lengths))   # two sentences a worker at least
+    instances = [(randn(n, 16, seed=k),) for k, n in enumerate(lengths)]
+    batched = assert_batch_matches(model, instances)
+    assert batched.schedule.lane_calls == len(lengths) * len(model.layers)
+    assert batched.schedule.bucketed_calls == 0
+    assert "one per instance at its own size" in cocktailer.explain(batched)
+    few = assert_batch_matches(model, instances[1:2] + instances[:1])   # fewer than two a worker
+    assert few.schedule.lane_calls == 0
 
 
 def test_an_encoder_layer_is_one_packed_block_before_attention_and_one_after():

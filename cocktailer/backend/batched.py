@@ -9,8 +9,9 @@
 - The level loop (`cocktailer.codegen.level_loop`): one C function that runs a recursion's
   levels, calling each group's level program (a native block's entry point); beside it the
   round loop, which runs every round of an inspector whose control slice computes with tensors
-  (`batching.rounds`), and the while loop, which runs a loop that ends on a condition
-  (`batching.loops`).
+  (`batching.rounds`), the while loop, which runs a loop that ends on a condition
+  (`batching.loops`), and the lane loop, which calls a block once per instance at its own size
+  (`batching.lane_calls`).
 """
 from __future__ import annotations
 
@@ -105,17 +106,30 @@ class NestedLayout(ctypes.Structure):
                 ("lane_at", ctypes.c_void_p), ("at", ctypes.c_void_p), ("order", ctypes.c_void_p)]
 
 
+class LanesLayout(ctypes.Structure):
+    """What the lane loop reads (`ck_lanes_t`)."""
+    _fields_ = [("fn", ctypes.c_void_p), ("inputs", ctypes.c_int64), ("outputs", ctypes.c_int64),
+                ("in_base", ctypes.c_void_p), ("in_stride", ctypes.c_void_p), ("in_packed", ctypes.c_void_p),
+                ("out_base", ctypes.c_void_p), ("out_stride", ctypes.c_void_p),
+                ("cst", ctypes.c_void_p), ("stack", ctypes.c_void_p), ("max_depth", ctypes.c_int64),
+                ("err", ctypes.c_void_p), ("nerr", ctypes.c_int64), ("lanes_at", ctypes.c_int64),
+                ("size_at", ctypes.c_int64), ("arena", ctypes.c_void_p), ("arena_bytes", ctypes.c_int64),
+                ("locals", ctypes.c_void_p), ("locals_len", ctypes.c_int64), ("rets", ctypes.c_void_p),
+                ("rets_len", ctypes.c_int64)]
+
+
 _library = None
 
 
 def _loops():
     """The library of the native loops (`ck_run_levels`, `ck_run_rounds`, `ck_run_while`,
-    `ck_run_nested`), compiled once per process (and cached on disk)."""
+    `ck_run_nested`, `ck_run_lanes`), compiled once per process (and cached on disk)."""
     global _library
     if _library is None:
         path, _ = compile_shared_library(LEVEL_LOOP_SOURCE)
         library = load_library(path, LEVEL_LOOP_SOURCE)
-        for entry in (library.ck_run_levels, library.ck_run_rounds, library.ck_run_while, library.ck_run_nested):
+        for entry in (library.ck_run_levels, library.ck_run_rounds, library.ck_run_while, library.ck_run_nested,
+                      library.ck_run_lanes):
             entry.restype = ctypes.c_int64
         library.ck_run_levels.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                           ctypes.c_void_p, ctypes.c_void_p]
@@ -123,6 +137,8 @@ def _loops():
                                           ctypes.c_void_p]
         library.ck_run_while.argtypes = library.ck_run_nested.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                                                           ctypes.c_void_p]
+        library.ck_run_lanes.argtypes = [ctypes.c_void_p, ctypes.c_int64, *[ctypes.c_void_p] * 3, ctypes.c_int,
+                                         ctypes.c_void_p, ctypes.c_void_p]
         _library = library
     return _library
 
@@ -283,6 +299,49 @@ class LevelRun:
         for program in {id(p): p for p in self.programs}.values():
             program.active_workers.report(workers, preempted.value, seconds)
         return status
+
+def may_call_by_lane(compiled: CompiledProgram) -> bool:
+    """Whether the lane loop may call this entry on one worker at a time, several at once: it
+    keeps no recursion frames (one stack would serve every call) and places no uTask on a
+    given worker."""
+    return not compiled.entry.frame_bytes and not compiled.entry.needs_all_workers
+
+
+def run_lanes(compiled: CompiledProgram, bound, lanes_at: int, size_at: int, inputs: list[tuple[torch.Tensor, str]],
+              outputs: list[torch.Tensor], first: torch.Tensor, size: torch.Tensor, scratch) -> None:
+    """Call the entry once per lane on the lane loop (`codegen.level_loop`): lane i at its own
+    `size[i]` (err[] slot `size_at`; slot `lanes_at`: 1 lane), reading each of `inputs`, (tensor,
+    kind), at row `first[i]` ("packed"), at row i ("lane") or whole ("shared"), and writing each
+    of `outputs` at row `first[i]`; every tensor contiguous.
+    `bound`: a call bound at the largest lane (its err[] the template, its arena the size each
+    worker's needs); `scratch(key, numel, dtype)`: memory kept between batches. Raises what a
+    failing call's code means."""
+    first, size = first.to(torch.int64).contiguous(), size.to(torch.int64).contiguous()
+    workers = compiled.active_workers.choose()
+    arena_bytes = -(-bound.arena.numel() // 64) * 64
+    arena = scratch("arena", workers * arena_bytes, torch.uint8)
+    locals_ = scratch("locals", workers * bound.locals.numel(), torch.int64)
+    rets = scratch("rets", workers * bound.rets.numel(), torch.int64)
+    in_base = _pointers([x.data_ptr() for x, _ in inputs])
+    in_stride = _strides([0 if kind == "shared" else x.stride(0) * x.element_size() for x, kind in inputs])
+    in_packed = _strides([int(kind == "packed") for _, kind in inputs])
+    out_base = _pointers([y.data_ptr() for y in outputs])
+    out_stride = _strides([y.stride(0) * y.element_size() for y in outputs])
+    layout = LanesLayout(ctypes.cast(bound.function, ctypes.c_void_p).value, len(inputs), len(outputs),
+                         ctypes.addressof(in_base), in_stride.data_ptr(), in_packed.data_ptr(),
+                         ctypes.addressof(out_base), out_stride.data_ptr(), ctypes.addressof(bound.constants),
+                         bound.stack.data_ptr(), compiled.max_depth, ctypes.addressof(bound.err), len(bound.err),
+                         lanes_at, size_at, arena.data_ptr(), arena_bytes, locals_.data_ptr(), bound.locals.numel(),
+                         rets.data_ptr(), bound.rets.numel())
+    order = torch.argsort(size, descending=True, stable=True)
+    failed, preempted = torch.zeros(2, dtype=torch.int64), ctypes.c_int64(0)
+    start = time.perf_counter()
+    status = _loops().ck_run_lanes(ctypes.addressof(layout), len(size), order.data_ptr(), first.data_ptr(),
+                                   size.data_ptr(), workers, failed.data_ptr(), ctypes.byref(preempted))
+    compiled.active_workers.report(workers, preempted.value, time.perf_counter() - start)
+    if status == LOOP_FAILED:
+        compiled.raise_error(int(failed[1]))
+
 
 _MAX_BINDINGS = 32   # per cache: a caller meeting ever new sizes starts again
 

@@ -29,6 +29,7 @@ import torch
 from cocktailer.backend.batched import build_blocks
 from cocktailer.batching.blocks import Block, batched_program, lane_mask, lane_varying, run_block, segments
 from cocktailer.batching.buckets import bucketed_size, buckets, run_bucketed
+from cocktailer.batching.lane_calls import lane_call_size, run_by_lane, worth_it
 from cocktailer.batching.inspector import NativeInspector, ReadChildren, inspect, slice_branches
 from cocktailer.batching.levels import LevelProgram, level_inputs, level_program, run_level_loop
 from cocktailer.batching.loops import (LoopProgram, NestedProgram, any_loop_program, run_loop_program,
@@ -73,6 +74,8 @@ class Techniques:
     #                                packed (else on rows padded to the longest)
     buckets: bool = True           # a masked block over instances of very different sizes runs once per bucket
     #                                of similar sizes, padded to its own longest (else once, to the longest of all)
+    lane_calls: bool = True        # ... or once per instance at its own size, the instances shared out among
+    #                                the workers by a native loop (else in buckets, where those are on)
 
 
 @dataclass
@@ -93,6 +96,7 @@ class Schedule:
     packed_rows: int = 0       # rows the position-wise (packed) blocks computed, over all their runs
     padded_rows: int = 0       # rows they would have computed padded to the longest instance
     bucketed_calls: int = 0    # calls of masked blocks, each over a bucket of instances of similar sizes
+    lane_calls: int = 0        # calls of masked blocks, each over one instance at its own size
 
 
 class Workspace:
@@ -346,12 +350,18 @@ class BatchedExecutor:
         return self.workspace.take(("output", self._outputs_taken), shape, dtype, torch.device(self.program.device))
 
     def _run_in_buckets(self, block: Block, env: dict, count: int) -> bool:
-        """Run a masked block once per bucket of lanes of similar size (`buckets.py`), if it
-        may and that costs less than one call over all lanes; whether it ran."""
-        if not self.techniques.buckets or block.compiled is None:
+        """Run a masked block once per lane at its own size (`lane_calls.py`), else once per
+        bucket of lanes of similar size (`buckets.py`), if it may and that costs less than one
+        call over all lanes; whether it ran."""
+        if block.compiled is None or SIZES not in env:
             return False
-        sym = bucketed_size(block, self.ragged)
-        if sym is None or SIZES not in env:
+        sym = lane_call_size(block, self.ragged) if self.techniques.lane_calls else None
+        if sym is not None and worth_it(count, block.compiled.workers):
+            run_by_lane(block, env, count, sym, self._layout(env, sym, count), self._block_output, self._lane_scratch)
+            self.schedule.lane_calls += count
+            return True
+        sym = bucketed_size(block, self.ragged) if self.techniques.buckets else None
+        if sym is None:
             return False
         layout = self._layout(env, sym, count)
         plan = buckets(layout)
@@ -360,6 +370,10 @@ class BatchedExecutor:
         run_bucketed(block, env, count, sym, layout, plan, self._block_output)
         self.schedule.bucketed_calls += len(plan)
         return True
+
+    def _lane_scratch(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Memory the lane loop's workers compute in, kept from one call to the next."""
+        return self.workspace.take(("lane calls", key), (numel,), dtype, torch.device(self.program.device))
 
     def _layout(self, env: dict, sym: Sym, count: int) -> RowLayout:
         """Where the rows of ragged size `sym` of the env's lanes lie packed, made once per env."""

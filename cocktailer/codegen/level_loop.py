@@ -83,6 +83,23 @@ The outer loop's lanes are sorted by trip count, so those in the loop at step t 
 Returns LOOP_DONE, LOOP_FAILED (`failed[0]`: the outer step, `failed[1]` the code, `failed[2]`
 0, 1, 2: pre's, inner's, post's program), LOOP_OUT_OF_RANGE or LOOP_ITERATIONS (an inner count
 past `max_iterations`, where that is not negative).
+
+The lane loop: a masked block over instances of different sizes (attention over sentences of 2
+to 50 tokens, `batching.lane_calls`) called for one instance at a time at its own size, the
+instances shared out among the workers, each call on one worker. No instance is padded, no
+rows are gathered into buckets and scattered back, and no barrier separates the block's ops:
+an instance's products and softmax run in its worker's cache. Lane i's inputs are read at row
+`first[i]` (a packed value: its rows one after another) or row i (a value with a row per lane)
+or are the same for every lane (stride 0); its outputs are written at row `first[i]` of the
+packed outputs. Each call has its own copy of the bound call's `err[]` with the lane count set
+to 1 and the ragged size to the instance's own, and its worker's own arena, locals and slots
+(bound at the largest instance, an arena serves any smaller). Lanes go to workers largest
+first, one at a time, so that the last lanes to start are the shortest.
+
+    int64_t ck_run_lanes(const ck_lanes_t* P, int64_t count, const int64_t* order, const int64_t* first,
+                         const int64_t* size, int nw, int64_t* failed, int64_t* preempted)
+
+Returns LOOP_DONE or LOOP_FAILED (`failed[0]`: the lane, `failed[1]`: the entry's code).
 """
 from __future__ import annotations
 
@@ -90,8 +107,11 @@ LOOP_DONE, LOOP_FAILED, LOOP_OUT_OF_RANGE, LOOP_FULL, ROUNDS_DEEP, LOOP_ITERATIO
 MAX_PATHS = 8   # paths a round loop decides between (three branches)
 
 LEVEL_LOOP_SOURCE = f"""
+#define _GNU_SOURCE   /* RUSAGE_THREAD */
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/resource.h>
 
 typedef int64_t (*ck_entry_t)(void**, void**, void**, char*, char*, int64_t, int64_t*, int64_t*, int64_t*, int);
 
@@ -314,5 +334,54 @@ int64_t ck_run_nested(const ck_nested_t* N, int nw, int64_t* failed, int64_t* pr
     if ((status = ck_step(N->post, block, block, n, nw, failed, 2, preempted))) return status;
   }}
   return {LOOP_DONE};
+}}
+typedef struct {{
+  ck_entry_t fn;
+  int64_t inputs, outputs;
+  char* const* in_base; const int64_t* in_stride; const int64_t* in_packed;   /* in_packed[k]: at row first[i] */
+  char* const* out_base; const int64_t* out_stride;                           /* all at row first[i] */
+  void** cst; char* stack; int64_t max_depth;
+  const int64_t* err; int64_t nerr;     /* the bound call's err[], which each call copies */
+  int64_t lanes_at, size_at;            /* err[] slots of the lane count and of the ragged size (-1: none) */
+  char* arena; int64_t arena_bytes;     /* worker w's: arena + w * arena_bytes; likewise locals and rets */
+  int64_t* locals; int64_t locals_len; int64_t* rets; int64_t rets_len;
+}} ck_lanes_t;
+
+static long ck_switches(void) {{
+  struct rusage u;
+  return getrusage(RUSAGE_THREAD, &u) ? 0 : u.ru_nivcsw;
+}}
+
+int64_t ck_run_lanes(const ck_lanes_t* P, int64_t count, const int64_t* order, const int64_t* first,
+                     const int64_t* size, int nw, int64_t* failed, int64_t* preempted) {{
+  int64_t status = {LOOP_DONE}, switches = 0;
+  #pragma omp parallel num_threads(nw) reduction(+:switches)
+  {{
+    const int w = omp_get_thread_num();
+    const long switches0 = ck_switches();
+    void* in[P->inputs > 0 ? P->inputs : 1];
+    void* out[P->outputs > 0 ? P->outputs : 1];
+    int64_t err[P->nerr];
+    memcpy(err, P->err, (size_t)P->nerr * sizeof(int64_t));
+    #pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < count; i++) {{
+      const int64_t lane = order[i], row = first[lane];
+      if (size[lane] == 0 || __atomic_load_n(&status, __ATOMIC_RELAXED) != {LOOP_DONE}) continue;
+      for (int64_t k = 0; k < P->inputs; k++)
+        in[k] = P->in_base[k] + (P->in_packed[k] ? row : lane) * P->in_stride[k];
+      for (int64_t k = 0; k < P->outputs; k++) out[k] = P->out_base[k] + row * P->out_stride[k];
+      err[P->lanes_at] = 1;
+      if (P->size_at >= 0) err[P->size_at] = size[lane];
+      const int64_t code = P->fn(in, out, P->cst, P->arena + w * P->arena_bytes, P->stack, P->max_depth,
+                                 P->locals + w * P->locals_len, P->rets + w * P->rets_len, err, 1);
+      if (code) {{
+        #pragma omp critical(ck_lanes_failed)
+        if (status == {LOOP_DONE}) {{ failed[0] = lane; failed[1] = code; __atomic_store_n(&status, {LOOP_FAILED}, __ATOMIC_RELAXED); }}
+      }}
+    }}
+    switches += ck_switches() - switches0;
+  }}
+  *preempted += switches;
+  return status;
 }}
 """
