@@ -10,6 +10,7 @@ import cocktailer
 from cocktailer import models
 from cocktailer.batching import Techniques
 from cocktailer.data import chain_tree, perfect_tree, random_tree
+from cocktailer.ir import Op, Operation
 from cocktailer.models.throughput import BiRNN
 from cocktailer.models.tree import tree_inputs
 from cocktailer.runtime import find_compiler
@@ -358,6 +359,34 @@ def test_a_masked_block_runs_once_per_instance_at_its_own_size():
     assert batched.schedule.lane_calls == len(lengths)
     for off in (Techniques(lane_calls=False), Techniques(lane_calls=False, buckets=False)):
         assert assert_batch_matches(model, instances, techniques=off).schedule.lane_calls == 0
+
+
+class InstanceTemperature(nn.Module):
+    """Attention whose scores each instance divides by its own temperature (a value of one
+    element per instance) and whose values it scales by its own gate (a vector)."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(d, d) for _ in range(3))
+
+    def forward(self, x, t, g):
+        return torch.softmax(self.q(x) @ self.k(x).transpose(0, 1) / t, -1) @ (self.v(x) * g)
+
+
+@native
+def test_an_instances_scalar_or_vector_broadcast_over_its_matrix_stays_in_the_native_block():
+    """An elementwise op that reads an instance's value of a lower rank than its result (its
+    temperature beside its scores, its gate beside its values) runs in the native block, the
+    instance's value aligned to its own lane, not in the executor op by op; results eager's."""
+    torch.manual_seed(5)
+    model = InstanceTemperature().eval()
+    instances = [(randn(n, 8, seed=k), torch.rand(1) + 0.5, randn(8, seed=50 + k))
+                 for k, n in enumerate([5, 17, 3, 30, 9, 2, 12, 7])]
+    batched = assert_batch_matches(model, instances)
+    (executor,) = batched._executors.values()
+    outside = [p.op for parts in executor._segments.values() for p in parts
+               if isinstance(p, Operation) and p.op in (Op.DIV, Op.MUL)]
+    assert outside == []
 
 
 @native

@@ -293,10 +293,8 @@ def _rule(op: Operation, flags: list[bool]):
     kind, attrs = op.op, op.attrs
     ranks = [v.type.rank for v in op.operands]
     rank = op.results[0].type.rank
-    lane_ranks = {r for r, f in zip(ranks, flags) if f}
-    if kind in ELEMENTWISE:   # right-aligned broadcasting pairs lane dims only if every lane value has the result's rank
-        ok = lane_ranks == {rank} and all(r <= rank for r, f in zip(ranks, flags) if not f)
-        return dict(attrs) if ok else None
+    if kind in ELEMENTWISE:   # a lane value of a lower rank is aligned first (`aligned`): the lane dims pair
+        return dict(attrs) if all(r <= rank for r in ranks) else None
     if kind is Op.MATMUL:
         if flags == [True, False]:   # lanes' vectors or matrices times a shared matrix: one GEMM, lanes folded into its rows
             return dict(attrs) if ranks[1] == 2 else None
@@ -369,6 +367,9 @@ def batched_program(block: Block, program: Program) -> Program:
         for k, d, sym in masked_operands(op, [key[0] for key in block.masks]):
             operands[k] = _masked(operands[k], masks[(sym, op.operands[k].type.rank, d)], padding_fill(op), ops)
         flags = [v.type.rank != o.type.rank for v, o in zip(operands, op.operands)]
+        if op.op in ELEMENTWISE and any(flags):
+            operands = [aligned(v, o.type, op.results[0].type.rank, ops) if lane else v
+                        for v, o, lane in zip(operands, op.operands, flags)]
         attrs = _rule(op, flags) if any(flags) else dict(op.attrs)
         results = [Value(_over_lanes(r.type) if any(flags) else r.type, r.hint) for r in op.results]
         rename.update({r.id: n for r, n in zip(op.results, results)})
@@ -377,6 +378,18 @@ def batched_program(block: Block, program: Program) -> Program:
     sizes = sizes_of(params)
     return Program({"main": Function("main", Region(params, ops, yields))}, "main", program.constants,
                    program.device, sizes=sizes)
+
+
+def aligned(v: Value, ty: TensorType, rank: int, ops: list[Operation]) -> Value:
+    """A lane value `v` (each lane's of type `ty`) of a lower rank than the elementwise op
+    that reads it, with 1s after its lane dim, so that broadcasting pairs the lane dims (each
+    instance's scalar with its matrix); as it is where it has that rank already."""
+    if ty.rank == rank:
+        return v
+    shape = (LANES, *[1] * (rank - ty.rank), *ty.shape)
+    out = Value(TensorType(shape, ty.dtype))
+    ops.append(Operation(Op.RESHAPE, [v], [out], {"shape": shape}))
+    return out
 
 
 def _mask_type(sym: Sym, rank: int, dim: int) -> TensorType:
