@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from cocktailer.backend.batched import LevelRun
-from cocktailer.batching.blocks import LANES, _over_lanes, _rule
+from cocktailer.batching.blocks import LANES, _over_lanes, _rule, aligned
 from cocktailer.batching.ragged import needs_lane_sizes
 from cocktailer.batching.recursion import LevelPlan
 from cocktailer.ir import CONTROL, CREATION, ELEMENTWISE, Function, Op, Operation, Program, Region, Sym, TensorType, Value
@@ -314,11 +314,12 @@ class Straight:
 
     def aligned(self, v: Value, ty: TensorType, rank: int) -> Value:
         """A per-call value of a lower rank than the elementwise op's result, with 1s after its
-        lane dim, so that broadcasting pairs the lane dims (each call's scalar with its vector)."""
-        if v.id not in self.lane or ty.rank == rank:
+        lane dim (`blocks.aligned`)."""
+        if v.id not in self.lane:
             return v
-        shape = (LANES, *[1] * (rank - ty.rank), *ty.shape)
-        return self.emit(Op.RESHAPE, [v], TensorType(shape, ty.dtype), True, shape=shape)
+        out = aligned(v, ty, rank, self.ops)
+        self.lane.add(out.id)
+        return out
 
     def branch(self, op: Operation):
         if id(op) not in self.taken and chooses_only(op):
