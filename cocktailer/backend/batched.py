@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import time
 
+import numpy as np
 import torch
 
 from cocktailer.backend.config import Config
@@ -308,39 +309,44 @@ def may_call_by_lane(compiled: CompiledProgram) -> bool:
 
 
 def run_lanes(compiled: CompiledProgram, bound, lanes_at: int, size_at: int, inputs: list[tuple[torch.Tensor, str]],
-              outputs: list[torch.Tensor], first: torch.Tensor, size: torch.Tensor, scratch) -> None:
+              outputs: list[torch.Tensor], first: np.ndarray, size: np.ndarray, scratch) -> None:
     """Call the entry once per lane on the lane loop (`codegen.level_loop`): lane i at its own
     `size[i]` (err[] slot `size_at`; slot `lanes_at`: 1 lane), reading each of `inputs`, (tensor,
     kind), at row `first[i]` ("packed"), at row i ("lane") or whole ("shared"), and writing each
     of `outputs` at row `first[i]`; every tensor contiguous.
     `bound`: a call bound at the largest lane (its err[] the template, its arena the size each
     worker's needs); `scratch(key, numel, dtype)`: memory kept between batches. Raises what a
-    failing call's code means."""
-    first, size = first.to(torch.int64).contiguous(), size.to(torch.int64).contiguous()
+    failing call's code means. (In numpy and ctypes: a dozen torch ops on a few numbers each
+    cost more than the call of a short block.)"""
+    first, size = np.ascontiguousarray(first, dtype=np.int64), np.ascontiguousarray(size, dtype=np.int64)
+    order = np.argsort(-size, kind="stable")
     workers = compiled.active_workers.choose()
     arena_bytes = -(-bound.arena.numel() // 64) * 64
     arena = scratch("arena", workers * arena_bytes, torch.uint8)
     locals_ = scratch("locals", workers * bound.locals.numel(), torch.int64)
     rets = scratch("rets", workers * bound.rets.numel(), torch.int64)
     in_base = _pointers([x.data_ptr() for x, _ in inputs])
-    in_stride = _strides([0 if kind == "shared" else x.stride(0) * x.element_size() for x, kind in inputs])
-    in_packed = _strides([int(kind == "packed") for _, kind in inputs])
+    in_stride = _int64s([0 if kind == "shared" else x.stride(0) * x.element_size() for x, kind in inputs])
+    in_packed = _int64s([int(kind == "packed") for _, kind in inputs])
     out_base = _pointers([y.data_ptr() for y in outputs])
-    out_stride = _strides([y.stride(0) * y.element_size() for y in outputs])
+    out_stride = _int64s([y.stride(0) * y.element_size() for y in outputs])
     layout = LanesLayout(ctypes.cast(bound.function, ctypes.c_void_p).value, len(inputs), len(outputs),
-                         ctypes.addressof(in_base), in_stride.data_ptr(), in_packed.data_ptr(),
-                         ctypes.addressof(out_base), out_stride.data_ptr(), ctypes.addressof(bound.constants),
+                         ctypes.addressof(in_base), ctypes.addressof(in_stride), ctypes.addressof(in_packed),
+                         ctypes.addressof(out_base), ctypes.addressof(out_stride), ctypes.addressof(bound.constants),
                          bound.stack.data_ptr(), compiled.max_depth, ctypes.addressof(bound.err), len(bound.err),
                          lanes_at, size_at, arena.data_ptr(), arena_bytes, locals_.data_ptr(), bound.locals.numel(),
                          rets.data_ptr(), bound.rets.numel())
-    order = torch.argsort(size, descending=True, stable=True)
-    failed, preempted = torch.zeros(2, dtype=torch.int64), ctypes.c_int64(0)
+    failed, preempted = (ctypes.c_int64 * 2)(), ctypes.c_int64(0)
     start = time.perf_counter()
-    status = _loops().ck_run_lanes(ctypes.addressof(layout), len(size), order.data_ptr(), first.data_ptr(),
-                                   size.data_ptr(), workers, failed.data_ptr(), ctypes.byref(preempted))
+    status = _loops().ck_run_lanes(ctypes.addressof(layout), len(size), order.ctypes.data, first.ctypes.data,
+                                   size.ctypes.data, workers, ctypes.addressof(failed), ctypes.byref(preempted))
     compiled.active_workers.report(workers, preempted.value, time.perf_counter() - start)
     if status == LOOP_FAILED:
         compiled.raise_error(int(failed[1]))
+
+
+def _int64s(values: list[int]) -> ctypes.Array:
+    return (ctypes.c_int64 * max(len(values), 1))(*values)
 
 
 _MAX_BINDINGS = 32   # per cache: a caller meeting ever new sizes starts again

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from cocktailer.backend.batched import may_call_by_lane, run_lanes
-from cocktailer.batching.blocks import LANES, Block, lane_mask
+from cocktailer.batching.blocks import LANES, Block
 from cocktailer.batching.buckets import bucketed_size
 from cocktailer.batching.lanes import Packed, RowLayout, packed_rows, rows
 from cocktailer.ir import Sym
@@ -60,8 +60,9 @@ def run_by_lane(block: Block, env: dict, count: int, sym: Sym, layout: RowLayout
     packed under `layout`, into `env` (in memory from `alloc(shape, dtype)`; `scratch(key,
     numel, dtype)`: the workers' arenas, kept between calls)."""
     compiled = block.compiled
-    widest = int(torch.argmax(layout.lengths)) if count else 0
-    n, at = int(layout.lengths[widest]), int(layout.offsets[widest])
+    lengths, offsets = layout.lengths.numpy(), layout.offsets.numpy()
+    widest = int(lengths.argmax()) if count else 0
+    n, at = int(lengths[widest]), int(offsets[widest])
     inputs, at_widest = [], []
     for v, lane in zip(block.inputs, block.varying_inputs):
         value = env[v.id]
@@ -77,13 +78,16 @@ def run_by_lane(block: Block, env: dict, count: int, sym: Sym, layout: RowLayout
             t = rows(value, count).contiguous()
             inputs.append((t, "lane"))
             at_widest.append(t[widest:widest + 1])
-    everything = torch.tensor([n], dtype=torch.int64)   # a lane at its own size: no padding to mask
-    masks = [lane_mask(everything, n, rank, dim) for _, rank, dim in block.masks]
-    inputs += [(m.contiguous(), "shared") for m in masks]
+    masks = [_everything(n, rank, dim) for _, rank, dim in block.masks]   # a lane at its own size: nothing to mask
+    inputs += [(m, "shared") for m in masks]
     bound = compiled.bind(at_widest + masks)
     outputs = [alloc((layout.total, *y.shape[2:]), y.dtype) for y in bound.outputs]
     slots = {s: ERR_SIZES + k for k, (s, _, _) in enumerate(compiled.entry.sizes)}
-    run_lanes(compiled, bound, slots[LANES], slots.get(sym, -1), inputs, outputs, layout.offsets, layout.lengths,
-              scratch)
+    run_lanes(compiled, bound, slots[LANES], slots.get(sym, -1), inputs, outputs, offsets, lengths, scratch)
     for v, t in zip(block.outputs, outputs):
         env[v.id] = Packed(t, layout)
+
+
+def _everything(width: int, rank: int, dim: int) -> torch.Tensor:
+    """A mask input (`blocks.lane_mask`) of one lane at `width` with every position valid."""
+    return torch.ones([width if d == dim else 1 for d in range(-1, rank)], dtype=torch.bool)
