@@ -445,6 +445,26 @@ def test_elementwise_chains_run_as_one_loop_each():
     assert [step[0] for step in fused.attrs["steps"]] == ["DIV", "WHERE"]
 
 
+def test_a_long_elementwise_chain_is_fused_in_pieces_of_at_most_max_steps():
+    """A chain of 150 flag ORs (capture's aliasing makes such chains) is fused into several
+    FUSED ops of at most MAX_STEPS steps each, not one: its element is one nested C
+    expression, and g++ parsing the CUDA dialect's 180 nested casts of one took over 20 GB
+    (fuzz seed 7274259). The answer is eager's, on the cpu backend and on a virtual GPU."""
+    from cocktailer.backend.native import _fusable
+    from cocktailer.passes.fuse import MAX_STEPS, fuse_elementwise
+
+    lines = ["def any_of(flags):", "    found = flags[0] > 0"] + [f"    found = found | (flags[{k}] > 0)"
+                                                             for k in range(1, 150)] + ["    return found"]
+    scope: dict = {}
+    exec(compile("\n".join(lines), "<chain>", "exec"), scope)   # written out: a Python loop would stay a loop
+    any_of = scope["any_of"]
+    args = [(torch.randn(150, 4),), (-torch.ones(150, 4),)]
+    program = fuse_elementwise(cocktailer.capture(any_of, args[0]).clone(), _fusable)
+    fused = [op for op in program.walk() if op.op is Op.FUSED]
+    assert len(fused) >= 3 and max(len(op.attrs["steps"]) for op in fused) <= MAX_STEPS
+    assert_matches_eager(any_of, args)   # every backend, the virtual GPU's among them
+
+
 def test_an_integer_division_keeps_its_zero_check_when_fused_around():
     """An integer division checks its (broadcast) divisor before its loop: it is never fused,
     the ops around it still may be, and a zero divisor fails as in eager."""

@@ -321,7 +321,7 @@ class BatchedExecutor:
         if parts is not None:
             for part in parts:
                 if isinstance(part, Block):
-                    if self._run_in_buckets(part, env, count):
+                    if self._run_apart(part, env, count):
                         continue
                     layout = None if part.packed is None else self._layout(env, part.packed, count)
                     run_block(part, env, count, layout, [self._mask(env, key, count) for key in part.masks],
@@ -349,7 +349,7 @@ class BatchedExecutor:
         self._outputs_taken += 1
         return self.workspace.take(("output", self._outputs_taken), shape, dtype, torch.device(self.program.device))
 
-    def _run_in_buckets(self, block: Block, env: dict, count: int) -> bool:
+    def _run_apart(self, block: Block, env: dict, count: int) -> bool:
         """Run a masked block once per lane at its own size (`lane_calls.py`), else once per
         bucket of lanes of similar size (`buckets.py`), if it may and that costs less than one
         call over all lanes; whether it ran."""

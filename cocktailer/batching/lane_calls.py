@@ -90,4 +90,4 @@ def run_by_lane(block: Block, env: dict, count: int, sym: Sym, layout: RowLayout
 
 def _everything(width: int, rank: int, dim: int) -> torch.Tensor:
     """A mask input (`blocks.lane_mask`) of one lane at `width` with every position valid."""
-    return torch.ones([width if d == dim else 1 for d in range(-1, rank)], dtype=torch.bool)
+    return torch.ones((1, *[width if d == dim else 1 for d in range(rank)]), dtype=torch.bool)
