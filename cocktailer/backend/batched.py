@@ -301,6 +301,7 @@ class LevelRun:
             program.active_workers.report(workers, preempted.value, seconds)
         return status
 
+
 def may_call_by_lane(compiled: CompiledProgram) -> bool:
     """Whether the lane loop may call this entry on one worker at a time, several at once: it
     keeps no recursion frames (one stack would serve every call) and places no uTask on a
