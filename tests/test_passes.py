@@ -449,7 +449,7 @@ def test_a_long_elementwise_chain_is_fused_in_pieces_of_at_most_max_steps():
     """A chain of 150 flag ORs (capture's aliasing makes such chains) is fused into several
     FUSED ops of at most MAX_STEPS steps each, not one: its element is one nested C
     expression, and g++ parsing the CUDA dialect's 180 nested casts of one took over 20 GB
-    (fuzz seed 7274259). The answer is eager's, on the cpu backend and on a virtual GPU."""
+    (fuzz seed 7274259). The answer is eager's on every backend, the virtual GPU's among them."""
     from cocktailer.backend.native import _fusable
     from cocktailer.passes.fuse import MAX_STEPS, fuse_elementwise
 
