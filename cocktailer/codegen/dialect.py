@@ -73,6 +73,14 @@ class Dialect:
         return f"CT_STORE_RELAXED(&{dst}, {value});"
 
 
+# How often the OS has taken this thread off its core for another (involuntary switches): the
+# workers' preemption count (`Workers`); the native loops' library counts with it too.
+THREAD_SWITCHES = """static inline long ct_switches(void) {
+  struct rusage u;
+  return getrusage(RUSAGE_THREAD, &u) ? 0 : u.ru_nivcsw;
+}
+"""
+
 _GNU_ATOMICS = r"""
 #define CT_LOAD_ACQUIRE(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define CT_LOAD_RELAXED(p) __atomic_load_n((p), __ATOMIC_RELAXED)
@@ -87,12 +95,7 @@ _GNU_ATOMICS = r"""
 #define CT_YIELD() sched_yield()
 #define CT_FN static inline   /* a helper (on CUDA, a device function) */
 #define CT_OUTLINED static inline   /* the same (on CUDA, one the kernel calls: see ct_cuda.h) */
-/* How often the OS has taken this thread off its core for another (involuntary switches). */
-static inline long ct_switches(void) {
-  struct rusage u;
-  return getrusage(RUSAGE_THREAD, &u) ? 0 : u.ru_nivcsw;
-}
-"""
+""" + THREAD_SWITCHES
 
 CPU = Dialect(
     name="c-openmp",

@@ -103,6 +103,8 @@ Returns LOOP_DONE or LOOP_FAILED (`failed[0]`: the lane, `failed[1]`: the entry'
 """
 from __future__ import annotations
 
+from cocktailer.codegen.dialect import THREAD_SWITCHES
+
 LOOP_DONE, LOOP_FAILED, LOOP_OUT_OF_RANGE, LOOP_FULL, ROUNDS_DEEP, LOOP_ITERATIONS = 0, 1, 2, 3, 4, 5
 MAX_PATHS = 8   # paths a round loop decides between (three branches)
 
@@ -347,18 +349,14 @@ typedef struct {{
   int64_t* locals; int64_t locals_len; int64_t* rets; int64_t rets_len;
 }} ck_lanes_t;
 
-static long ck_switches(void) {{
-  struct rusage u;
-  return getrusage(RUSAGE_THREAD, &u) ? 0 : u.ru_nivcsw;
-}}
-
+{THREAD_SWITCHES}
 int64_t ck_run_lanes(const ck_lanes_t* P, int64_t count, const int64_t* order, const int64_t* first,
                      const int64_t* size, int nw, int64_t* failed, int64_t* preempted) {{
   int64_t status = {LOOP_DONE}, switches = 0;
   #pragma omp parallel num_threads(nw) reduction(+:switches)
   {{
     const int w = omp_get_thread_num();
-    const long switches0 = ck_switches();
+    const long switches0 = ct_switches();
     void* in[P->inputs > 0 ? P->inputs : 1];
     void* out[P->outputs > 0 ? P->outputs : 1];
     int64_t err[P->nerr];
@@ -379,7 +377,7 @@ int64_t ck_run_lanes(const ck_lanes_t* P, int64_t count, const int64_t* order, c
         if (status == {LOOP_DONE}) {{ failed[0] = lane; failed[1] = code; __atomic_store_n(&status, {LOOP_FAILED}, __ATOMIC_RELAXED); }}
       }}
     }}
-    switches += ck_switches() - switches0;
+    switches += ct_switches() - switches0;
   }}
   *preempted += switches;
   return status;
