@@ -255,6 +255,48 @@ def test_long_skeleton_compiled_without_optimizing_it(monkeypatch):
         assert_same(traced(*w.inputs), w.model(*w.inputs), RTOL, ATOL, path="lstm")
 
 
+def _mlp(x, w):
+    return torch.tanh(torch.relu(x @ w) @ w.t()).sum(-1)
+
+
+def _scaled_softmax(x):
+    return torch.softmax(x.exp() * 2.0 + x, -1).sum(0)
+
+
+def test_programs_called_one_after_another_on_a_thread_share_its_arena(monkeypatch):
+    """Programs called one after another on a thread compute their intermediates in the
+    thread's one arena (still in cache from the last call; an arena each would be cold memory
+    at every call): a call of sizes that need more grows it, the others' next calls compute in
+    the grown one and still match eager; another thread has an arena of its own."""
+    import threading
+    from cocktailer.runtime import native
+    monkeypatch.setattr(native._ARENAS, "by_device", {}, raising=False)   # (earlier tests here grew it)
+    torch.manual_seed(0)
+    small = [torch.randn(7, 40), torch.randn(40, 40)]
+    mlp = cocktailer.compile(_mlp, small, backend="cpu", dynamic=True)
+    softmax = cocktailer.compile(_scaled_softmax, (torch.randn(5, 30),), backend="cpu", dynamic=True)
+    with torch.no_grad():
+        mlp(*small)
+        softmax(torch.randn(5, 30))
+    (_, first), = mlp.cache.values()
+    (_, second), = softmax.cache.values()
+    a, b = first.bind(small), second.bind([torch.randn(5, 30)])
+    assert a.arena_bytes and b.arena_bytes   # both compute intermediates there
+    assert a.arena.data_ptr() == b.arena.data_ptr()
+    big = torch.randn(300, 900)   # a call that needs a larger arena than either had
+    with torch.no_grad():
+        assert_same(softmax(big), _scaled_softmax(big), RTOL, ATOL)
+        grown = second.bind([big]).arena
+        assert grown.numel() >= second.bind([big]).arena_bytes > a.arena.numel()
+        assert first.bind(small).arena.data_ptr() == grown.data_ptr()
+        assert_same(mlp(*small), _mlp(*small), RTOL, ATOL)
+    other = []
+    thread = threading.Thread(target=lambda: other.append(first.bind(small).arena.data_ptr()))
+    thread.start()
+    thread.join()
+    assert other and other[0] != grown.data_ptr()
+
+
 @pytest.mark.parametrize("mkl", [False, True])
 def test_constant_weights_of_a_gemm_are_prepacked_and_repacked_when_changed(mkl, monkeypatch):
     """A GEMM's constant B is packed once, at load; writing the weights in place packs again.

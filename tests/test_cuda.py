@@ -149,10 +149,10 @@ def test_recursion_frames_of_a_team_of_one_block_in_its_shared_memory(blocks, fa
     (_, executable), = fast.cache.values()
     written = False   # (a tree of one leaf has the root's frame only)
     for inputs in instances:
-        executable._scratch()[1].fill_(0x5A)
+        executable._scratch()[0].fill_(0x5A)
         with torch.no_grad():
             assert_same(fast(*inputs), model(*inputs), RTOL, ATOL)
-        written |= bool((executable._scratch()[1][executable.entry.frame_bytes:] != 0x5A).any())
+        written |= bool((executable._scratch()[0][executable.entry.frame_bytes:] != 0x5A).any())
     assert written != in_shared
 
 
@@ -381,7 +381,7 @@ def test_the_launch_copies_every_table_entry_the_runtime_binds(name):
     (_, executable), = fast.cache.values()
     launcher = re.search(r"ct_args a = \{[^}]*CT_STEP_STRIDE \* nw, [^,]+, -1, -1, (\d+), (\d+), (\d+), (\d+) \}",
                          executable.record.source)
-    err = executable._scratch()[4]
+    err = executable._scratch()[3]
     entry = executable.entry
     assert launcher and tuple(map(int, launcher.groups())) == (len(entry.inputs), len(entry.outputs),
                                                                len(entry.constants), len(err))

@@ -322,7 +322,7 @@ def run_lanes(compiled: CompiledProgram, bound, lanes_at: int, size_at: int, inp
     first, size = np.ascontiguousarray(first, dtype=np.int64), np.ascontiguousarray(size, dtype=np.int64)
     order = np.argsort(-size, kind="stable")
     workers = compiled.active_workers.choose()
-    arena_bytes = -(-bound.arena.numel() // 64) * 64
+    arena_bytes = -(-max(bound.arena_bytes, 1) // 64) * 64
     arena = scratch("arena", workers * arena_bytes, torch.uint8)
     locals_ = scratch("locals", workers * bound.locals.numel(), torch.int64)
     rets = scratch("rets", workers * bound.rets.numel(), torch.int64)

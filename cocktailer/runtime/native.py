@@ -109,7 +109,8 @@ class Bound(NamedTuple):
     outputs: list[torch.Tensor]
     input_pointers: ctypes.Array
     output_pointers: ctypes.Array
-    arena: torch.Tensor
+    arena: torch.Tensor          # the thread's (shared), its first `arena_bytes` this call's
+    arena_bytes: int
     stack: torch.Tensor
     locals: torch.Tensor
     rets: torch.Tensor
@@ -231,10 +232,30 @@ def _on(x: torch.Tensor, device: torch.device) -> bool:
     return x.device.type == device.type and (device.index is None or x.device.index == device.index)
 
 
+_ARENAS = threading.local()
+
+
+def _shared_arena(device: torch.device, nbytes: int) -> torch.Tensor:
+    """The calling thread's scratch arena on `device`, at least `nbytes` long: one for every
+    program, grown by half again when a call needs more. An arena holds a call's intermediates
+    only while the call runs, and a thread makes one call at a time, so programs called one
+    after another (a batch's native blocks, a program's host-driven parts) compute in the same
+    memory, still in cache from the last call, where an arena each would be cold memory at
+    every call. (Measured: Berxit 256 at batch 64 calls 37 blocks a batch; 67.7 -> 62.8 ms.)"""
+    arenas = getattr(_ARENAS, "by_device", None)
+    if arenas is None:
+        arenas = _ARENAS.by_device = {}
+    arena = arenas.get(device)
+    if arena is None or arena.numel() < nbytes:
+        nbytes = max(nbytes + nbytes // 2, 64)
+        arena = arenas[device] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return arena
+
+
 class CompiledProgram:
     """Calls the generated entry once per inference. Inputs, constants and outputs are torch
-    tensors bound by pointer; the scratch arena, the recursion stack and per-worker loop
-    counters are allocated once per thread and reused, so calls are thread-safe. All of them
+    tensors bound by pointer; the scratch arena (`_shared_arena`), the recursion stack and
+    per-worker loop counters are allocated once per thread and reused, so calls are thread-safe. All of them
     are on `device`: a CUDA program's on its GPU (the launch copies the pointer tables)."""
 
     fresh_outputs = True   # every output is a tensor of its own, allocated by the call
@@ -266,12 +287,13 @@ class CompiledProgram:
                           for ty in entry.inputs]
 
     def _scratch(self):
+        """(stack, locals, rets, err) of this program's calls on this thread; the arena is the
+        thread's, shared with every other program (`_shared_arena`)."""
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
             e, frames, on = self.entry, self.max_depth + 1, self.device
             stacks = self.workers if e.stack_per_worker else 1   # a group of workers per stack
             scratch = self._local.scratch = (
-                torch.empty(max(e.arena_bytes, 64), dtype=torch.uint8, device=on),
                 torch.empty(max(e.frame_bytes, 64) * self.max_depth * stacks, dtype=torch.uint8, device=on)
                 if e.frame_bytes else torch.empty(64, dtype=torch.uint8, device=on),
                 torch.empty(self.workers * e.lanes * frames * e.locals_per_frame, dtype=torch.int64, device=on),
@@ -294,12 +316,12 @@ class CompiledProgram:
         return layout
 
     def _arena_for(self, layout: "_Layout", err) -> torch.Tensor:
-        """The arena, grown if this call's sizes need more than it has (then kept: calls of the
-        same or smaller sizes allocate nothing); the dynamic values' offsets into err[]."""
+        """The arena for this call's sizes (the thread's shared one, grown if they need more);
+        the dynamic values' offsets into err[]."""
         at = ERR_SIZES + len(self.entry.sizes)
         for j, offset in enumerate(layout.arena_offsets):
             err[at + j] = offset
-        return self._grown(0, layout.arena_bytes)
+        return _shared_arena(self.device, layout.arena_bytes)
 
     def _stack_for(self, layout: "_Layout", err) -> torch.Tensor:
         """The same for the recursion stack: its frames are this call's frame size apart."""
@@ -308,16 +330,15 @@ class CompiledProgram:
             err[at + j] = offset
         err[at + len(layout.frame_offsets)] = layout.frame_bytes
         stacks = self.workers if self.entry.stack_per_worker else 1
-        return self._grown(1, layout.frame_bytes * self.max_depth * stacks)
+        return self._grown_stack(layout.frame_bytes * self.max_depth * stacks)
 
-    def _grown(self, k: int, nbytes: int) -> torch.Tensor:
-        """Scratch buffer k (0: arena, 1: stack), grown by half again if it is below nbytes."""
+    def _grown_stack(self, nbytes: int) -> torch.Tensor:
+        """The recursion stack, grown by half again if it is below nbytes."""
         scratch = self._local.scratch
-        if scratch[k].numel() < nbytes:
-            scratch = list(scratch)
-            scratch[k] = torch.empty(nbytes + nbytes // 2, dtype=torch.uint8, device=self.device)
-            self._local.scratch = tuple(scratch)
-        return self._local.scratch[k]
+        if scratch[0].numel() < nbytes:
+            self._local.scratch = (torch.empty(nbytes + nbytes // 2, dtype=torch.uint8, device=self.device),
+                                   *scratch[1:])
+        return self._local.scratch[0]
 
     def _refresh_packed(self):
         """Pack again, in place, the constants whose source changed since they were packed
@@ -351,23 +372,24 @@ class CompiledProgram:
         repoint inputs and outputs at tensors of sizes no larger, between calls."""
         self.check_inputs(inputs)
         inputs = [x.contiguous() for x in inputs]
-        arena, stack, locals_, rets, err = self._scratch()
-        layout, arena, stack = self._armed(inputs, arena, stack, err)
+        stack, locals_, rets, err = self._scratch()
+        layout, arena, stack = self._armed(inputs, stack, err)
         alloc = alloc or (lambda shape, dtype: _fresh(shape, dtype, self.device))
         outputs = [alloc(shape, t.dtype) for shape, t in zip(layout.shapes, self.entry.outputs)]
         return Bound(inputs, outputs, (ctypes.c_void_p * max(len(inputs), 1))(*[x.data_ptr() for x in inputs]),
                      (ctypes.c_void_p * max(len(outputs), 1))(*[y.data_ptr() for y in outputs]),
-                     arena, stack, locals_, rets, err, self.active_workers.choose(), self._fn, self._const_table)
+                     arena, layout.arena_bytes, stack, locals_, rets, err, self.active_workers.choose(), self._fn,
+                     self._const_table)
 
     def rearm(self, bound: "Bound") -> "Bound":
         """A bound call ready to be made again, on tensors of the same sizes (a caller that
         repoints its inputs and outputs itself, `codegen.level_loop`): err[] is shared by every
         call of this program and scratch may have grown since, so both are set again."""
-        arena, stack, *_ = self._scratch()
-        _, arena, stack = self._armed(bound.inputs, arena, stack, bound.err)
+        stack, *_ = self._scratch()
+        _, arena, stack = self._armed(bound.inputs, stack, bound.err)
         return bound._replace(arena=arena, stack=stack)
 
-    def _armed(self, inputs: Sequence[torch.Tensor], arena: torch.Tensor, stack: torch.Tensor, err):
+    def _armed(self, inputs: Sequence[torch.Tensor], stack: torch.Tensor, err):
         """(layout, arena, stack) of a call of `inputs`, with its sizes, scratch offsets and
         signal counter written into err[], and packed constants refreshed."""
         if self._packed_from:
@@ -376,8 +398,7 @@ class CompiledProgram:
         for k, n in enumerate(values):
             err[ERR_SIZES + k] = n
         layout = self._layout(values)
-        if self.entry.dynamic:
-            arena = self._arena_for(layout, err)
+        arena = self._arena_for(layout, err)
         if self.entry.frame_dynamic:
             stack = self._stack_for(layout, err)
         err[ERR_SIGINTS], err[ERR_MAX_ITERATIONS] = interrupt.arm(), self.max_iterations or 0
