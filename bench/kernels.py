@@ -50,6 +50,10 @@ MATMULS = [
     ("lstm x64", 64, 256, 1024), ("nasrnn x64", 64, 256, 2048), ("treelstm x64", 64, 512, 2048),
     ("attention-proj x64", 64, 768, 768), ("seq2seq-out x64", 64, 256, 3797), ("rae x64", 64, 1024, 512),
     ("attention-prefill x1", 31, 768, 768), ("attention-prefill x64", 1984, 768, 768),
+    # Berxit 256's layers at batch 64: the tokens of every sentence still running (1363 at the
+    # first layer, 542 on average over the twelve)
+    ("berxit-ffn1 1363", 1363, 256, 1024), ("berxit-qkv 542", 542, 256, 768), ("berxit-out 542", 542, 256, 256),
+    ("berxit-ffn1 542", 542, 256, 1024), ("berxit-ffn2 542", 542, 1024, 256),
 ]
 BATCHED = [  # (name, batch shape, M, K, N)
     ("attention-scores x1", (1, 12), 1, 64, 64), ("attention-scores x64", (64, 12), 1, 64, 64),
