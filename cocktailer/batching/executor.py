@@ -444,14 +444,14 @@ class BatchedExecutor:
                                               [(dim, self.ragged.index(size), k) for dim, size, k
                                                in constant_indices(op) if size in self.ragged])
         per_lane, constant = checks
-        if not per_lane and not constant:
+        for dim, column, k in constant:   # (from the start: the analysis keeps negative ones equal)
+            shortest = self._layout(env, self.ragged[column], env[SIZES].count).shortest   # (made once per env)
+            if k >= shortest:
+                raise IndexError(f"index {k} is out of bounds for dimension {dim} with size {shortest}")
+        if not per_lane:
             return operands
         operands = list(operands)
         sizes = env[SIZES].rows()
-        for dim, column, k in constant:   # (from the start: the analysis keeps negative ones equal)
-            limit = sizes[:, column]
-            if bool((limit <= k).any()):
-                raise IndexError(f"index {k} is out of bounds for dimension {dim} with size {int(limit.min())}")
         for position, dim, column in per_lane:
             index, limit = operands[position], sizes[:, column]
             raw = index.rows() if isinstance(index, Lanes) else index.expand(len(limit))

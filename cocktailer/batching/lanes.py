@@ -267,13 +267,14 @@ class Table:
 
 def _positions_in(part: torch.Tensor, lanes: torch.Tensor, count: int) -> torch.Tensor | None:
     """Where each of `lanes` lies in `part` (both indices into `count` lanes), or None if some
-    of them are not in it."""
+    of them are not in it. (In numpy: on a batch's few dozen lanes, torch's ops cost more in
+    overhead than in work.)"""
     if len(lanes) > len(part):
         return None
-    where = torch.full((count,), -1, dtype=torch.int64, device=part.device)
-    where[part] = torch.arange(len(part), device=part.device)
-    at = where.index_select(0, lanes)
-    return at if bool((at >= 0).all()) else None
+    where = np.full(count, -1, dtype=np.int64)
+    where[part.cpu().numpy()] = np.arange(len(part))
+    at = where[lanes.cpu().numpy()]
+    return torch.from_numpy(at).to(lanes.device) if (at >= 0).all() else None
 
 
 def merged(parts: list[tuple[torch.Tensor, "Packed"]], count: int) -> Packed:
