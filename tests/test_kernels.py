@@ -257,8 +257,9 @@ def cases_reduce() -> list[Case]:
         out.append(Case(kind, [rand((6, 10), I64, -3, 3)], {"dim": 1, "keepdim": False}))
         out.append(Case(kind, [rand((6, 10), U8, 0, 3)], {"dim": 0, "keepdim": True}))
     for kind in (Op.SOFTMAX, Op.LOG_SOFTMAX):
+        # (rows shorter than reduce.SHORT_ROW go a chunk of rows at a time: 1500 rows of 3 are two chunks)
         for shape, dim in [((4, 37), 1), ((4, 37), 0), ((3, 5, 70), 1), ((2, 3, 200), 2), ((1, 12, 1, 64), 3), ((9,), 0),
-                           ((2, 100, 3), 1)]:
+                           ((2, 100, 3), 1), ((1500, 3), 1), ((5, 63), 1)]:
             out.append(Case(kind, [rand(shape) * 4], {"dim": dim}))
         out.append(Case(kind, [rand((3, 33), F64)], {"dim": 1}))
         masked = rand((3, 16)).masked_fill(torch.arange(16) > 5, float("-inf"))
