@@ -14,6 +14,7 @@ import torch.nn as nn
 import cocktailer
 from cocktailer import models
 from cocktailer.codegen.dialect import cuda
+from cocktailer.codegen.kernels import kernel_scratch_bytes
 from cocktailer.runtime.compiler import compile_cuda_many, compile_shared_library, find_cxx_compiler, find_nvcc, \
     load_library
 from cocktailer.runtime.native import CompiledProgram
@@ -178,7 +179,7 @@ def test_the_control_stack_in_shared_or_global_memory(control_stack, max_depth, 
         with torch.no_grad():
             assert_same(fast(*inputs), model(*inputs), RTOL, ATOL)
         read(counts)
-        scratch = 16 * threads   # the kernels' part, before the control state
+        scratch = kernel_scratch_bytes(threads, products=False)   # the kernels' part, then the control state
         assert (counts[4] > scratch) == in_shared
         if in_shared:   # every depth's frame for each lane
             assert counts[4] >= scratch + (max_depth + 1) * 9 * 8 * threads
@@ -214,6 +215,38 @@ def test_reductions_over_a_block_of_lanes(shape, mode):
             assert torch.allclose(got.double(), want.double(), rtol=1e-4, atol=1e-4, equal_nan=True), (got, want)
         else:
             assert torch.equal(got, want), (got, want)
+
+
+def _products(a, b, c, d, e, f, g, h):
+    return a @ b, c @ d, e @ f, g @ h, (c[0] @ d).sum(-1), a[:3] @ b   # (3 rows: one dot product each)
+
+
+@pytest.mark.parametrize("threads", [4, 32, 64])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_products_share_tiles_in_a_blocks_shared_memory_and_sum_as_one_dot_product_each(threads, dynamic, monkeypatch):
+    """A MATMUL on a GPU: a block's lanes load tiles of A and B into its shared memory together
+    and each adds up its outputs from there (A and B read from global memory once a tile, not
+    once an output). Every output is the same sum in the same order as one thread's dot product
+    (the kernel of products smaller than a tile), bit for bit: sizes that are no multiple of a
+    tile, K one past a tile's, batched and broadcast operands, float64, and int64 wrapping."""
+    from cocktailer.codegen.kernels import matmul
+    monkeypatch.setenv("COCKTAILER_SHAKE", "1")   # lanes in a random order: a tile read before all loaded it differs
+    g = torch.Generator().manual_seed(0)
+    big = torch.randint(-2 ** 40, 2 ** 40, (34, 70), generator=g)
+    inputs = (torch.randn(37, 45, generator=g), torch.randn(45, 33, generator=g),
+              torch.randn(3, 40, 33, generator=g), torch.randn(3, 33, 50, generator=g),
+              torch.randn(33, 65, generator=g, dtype=torch.float64), torch.randn(65, 40, generator=g, dtype=torch.float64),
+              big, torch.randint(-2 ** 30, 2 ** 30, (70, 36), generator=g))
+    options = virtual(3, threads)
+    tiled = cocktailer.compile(_products, inputs, backend="cuda", dynamic=dynamic, options=options)
+    assert source_of(tiled).count("/* A's tile") == 5
+    got = tiled(*inputs)
+    monkeypatch.setattr(matmul, "_tiled", matmul._per_output)
+    one_each = cocktailer.compile(_products, inputs, backend="cuda", dynamic=dynamic, options=options)
+    assert "/* A's tile" not in source_of(one_each)
+    for t, o, e in zip(got, one_each(*inputs), _products(*inputs)):
+        assert torch.equal(t, o)
+        assert_same(t, e, RTOL, ATOL)
 
 
 @pytest.mark.parametrize("name", models.names())

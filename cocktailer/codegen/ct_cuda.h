@@ -9,6 +9,7 @@
      CT_NOINLINE                      an operator's function: called, not inlined into the kernel
                                       (ptxas's time and the kernel's registers grow with its size)
      CT_LARGE_SKELETON                a kernel too long to optimize (the virtual GPU compiles it at -O0)
+     CT_UNROLL(n)                     before a loop: unroll it n times at most (nvcc; registers)
      CT_BLOCK, CT_BLOCKS, CT_LANE, CT_LANES   this block and the grid's, this thread and the block's
      ct_block_any(x)                  block barrier; true on every lane if x was true on any
      CT_BLOCK_SHARED                  this block's shared memory (int64_t*, args.shared_bytes of it):
@@ -70,6 +71,8 @@ static int64_t ct_tally[CT_TALLIES];
 #define CT_DEVICE __device__
 #define CT_NOINLINE __noinline__
 #define CT_LARGE_SKELETON
+#define CT_PRAGMA(x) _Pragma(#x)
+#define CT_UNROLL(n) CT_PRAGMA(unroll n)
 #define CT_BLOCK ((int)blockIdx.x)
 #define CT_BLOCKS ((int)gridDim.x)
 #define CT_LANE ((int)threadIdx.x)
@@ -191,6 +194,7 @@ static inline int ct_fiber_make(ct_fiber* f, char* stack, size_t bytes, void (*e
 /* a kernel of tens of thousands of lines (a recursion's many call sites): optimizing it takes
    the C++ compiler minutes and gigabytes, for a few instructions per operator call */
 #define CT_LARGE_SKELETON __attribute__((optimize("O0")))
+#define CT_UNROLL(n)
 #define CT_HOST extern "C"
 /* A block is one OS thread; its lanes are fibers that it runs in turn, each up to its
    next block barrier: a barrier is where a lane hands the thread to the next one, and a pass

@@ -22,6 +22,7 @@ are threads, and everything CUDA-specific is spelled in one header, `ct_cuda.h`.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from importlib import resources
 
@@ -115,6 +116,11 @@ CPU = Dialect(
 )
 
 
+CT_CUDA_H = resources.files("cocktailer.codegen").joinpath("ct_cuda.h").read_text()
+# the shared memory each lane of a block has for the kernels' reductions (ct_cuda.h's)
+SCRATCH_PER_LANE = int(re.search(r"CT_SCRATCH_PER_LANE = (\d+)", CT_CUDA_H).group(1))
+
+
 def cuda(threads: int = 32, state_in_shared: bool = True) -> Dialect:
     """The CUDA dialect for blocks of `threads` threads: one block per worker (vEU), the program
     one persistent kernel launched cooperatively (`ct_cuda.h`'s `ct_launch`); its control state
@@ -127,7 +133,7 @@ _CUDA = Dialect(
     name="cuda",
     defines=(),
     headers=(),
-    primitives=resources.files("cocktailer.codegen").joinpath("ct_cuda.h").read_text(),
+    primitives=CT_CUDA_H,
     function_prefix="",
     shared_decls="ct_barrier_t* ct_bars = (ct_barrier_t*)ct_a.bars; int64_t* ct_steps = ct_a.steps;",
     parallel_begin="",

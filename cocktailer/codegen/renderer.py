@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import torch
 
 from cocktailer.codegen.dialect import CPU, Dialect, preamble
-from cocktailer.codegen.kernels import KERNELS, PORTABLE_PRELUDE, PRELUDE, KernelContext, ctype
+from cocktailer.codegen.kernels import KERNELS, PORTABLE_PRELUDE, PRELUDE, KernelContext, ctype, kernel_scratch_bytes
+from cocktailer.codegen.kernels import matmul
 from cocktailer.codegen.kernels.common import product
 from cocktailer.errors import INTERRUPTED, ITERATIONS_EXCEEDED
 from cocktailer.ir import Op, Operation, Program, Sym, SymbolicSizeError, Value
@@ -463,6 +464,10 @@ class Renderer:
         A team of several blocks keeps them in global memory, which all its blocks write."""
         return self.d.state_in_shared and len(self.program.functions) > 1 and not self.plan.frame_dynamic
 
+    def _has_products(self) -> bool:
+        """Whether a kernel of the program is a tiled MATMUL (its tiles in the block's shared memory)."""
+        return any(op.op is Op.MATMUL and matmul.tiled(op) for op in self.program.walk())
+
     def _launcher(self):
         """The entry point on the host: one launch of the kernel, a block per worker (`nw`),
         with the grid's barriers and step array (ct_cuda.h's ct_launch zeroes them, and err),
@@ -474,7 +479,7 @@ class Renderer:
                   self.frame_dynamic_at + len(plan.frame_dynamic) + 1]   # err[]'s entries: see render()
         self.emit("  ct_args a = { in, out, cst, arena, stack_all, max_depth, locals, rets, err, nw, 0, 0, 0,")
         self.emit("                (int64_t)sizeof(ct_barrier_t) * CT_MAX_NEST * nw, "
-                  f"(int64_t)sizeof(int64_t) * CT_STEP_STRIDE * nw, (int64_t)CT_SCRATCH_PER_LANE * {self.d.threads}, "
+                  f"(int64_t)sizeof(int64_t) * CT_STEP_STRIDE * nw, (int64_t){kernel_scratch_bytes(self.d.threads, self._has_products())}, "
                   f"-1, -1, {', '.join(map(str, counts))} }};")
         if self.d.state_in_shared:   # the control state in the block's shared memory, where it fits
             self.emit(f"  const int64_t ct_state = (int64_t){self._state_frames()} * (CT_SLOTS + "

@@ -164,17 +164,15 @@ def kernel_problem(kernel) -> str | None:
     """A warning nvcc gave for `kernel` (its CudaResources), or a block of the dialect's threads
     that does not fit on an H100 SM with its registers and shared memory; None if neither."""
     from cocktailer.codegen.dialect import cuda
+    from cocktailer.codegen.kernels import kernel_scratch_bytes
     from cocktailer.schedule.device import H100, resident_blocks_per_sm
     if kernel.warnings:
         return f"nvcc warns: {kernel.warnings}"
     threads = cuda().threads
-    shared = kernel.shared_bytes + CT_SCRATCH_PER_LANE * threads   # the kernels' part of the dynamic
+    shared = kernel.shared_bytes + kernel_scratch_bytes(threads)   # the kernels' part of the dynamic
     if resident_blocks_per_sm(H100, threads, kernel.registers, shared) < 1:
         return f"a block of {threads} threads does not fit on an H100 SM: {kernel}"
     return None
-
-
-CT_SCRATCH_PER_LANE = 16   # ct_cuda.h's: shared memory each lane of a block has for the kernels
 
 
 def check_batch(program: Program, sets: int, max_iterations: int | None = None, config: str = "batch") -> Outcome:

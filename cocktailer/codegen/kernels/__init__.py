@@ -45,6 +45,7 @@ from typing import Callable
 
 import torch
 
+from cocktailer.codegen.dialect import SCRATCH_PER_LANE
 from cocktailer.codegen.kernels import conv, elementwise, matmul, movement, reduce
 from cocktailer.codegen.kernels.common import SUPPORTED_DTYPES, is_float
 from cocktailer.codegen.kernels.context import KernelContext, ctype
@@ -106,4 +107,11 @@ def supported(op: Operation) -> bool:
     return True
 
 
-__all__ = ["KERNELS", "PORTABLE_PRELUDE", "PRELUDE", "KernelContext", "ctype", "supported"]
+def kernel_scratch_bytes(threads: int, products: bool = True) -> int:
+    """The shared memory a block of `threads` lanes gives its kernels (CT_BLOCK_SCRATCH): each
+    lane's part of a reduction the block shares, and with `products` (a program with a MATMUL)
+    the tiled MATMUL's tiles where those need more."""
+    return max(SCRATCH_PER_LANE * threads, matmul.tile_bytes(threads) if products else 0)
+
+
+__all__ = ["KERNELS", "PORTABLE_PRELUDE", "PRELUDE", "KernelContext", "ctype", "kernel_scratch_bytes", "supported"]

@@ -154,8 +154,9 @@ def render_matmul(op: Operation, ctx: KernelContext) -> str:
     if K == 0:
         return block(*head, split(ctx, product(nb, M, N), 16),
                      "for (int64_t k_i = k_lo; k_i < k_hi; ++k_i) k_c[k_i] = 0;")
-    if not ctx.engine:   # a GPU's threads: one dot product each
-        return block(*head, *_per_output(dt, nb, M, K, N, a_off, b_off, ctx))
+    if not ctx.engine:   # a GPU's threads: tiles in the block's shared memory, or one dot product each
+        tiled = ctx.cooperative and fills_tiles(M, K, N, m, n)
+        return block(*head, *(_tiled if tiled else _per_output)(dt, nb, M, K, N, a_off, b_off, ctx))
     if dt is not torch.float32:   # the GEMM engine's dot products are float32
         return block(*head, *_generic(dt, nb, M, K, N, a_off, b_off, ctx))
     if isinstance(N, int) and N < 16:
@@ -283,6 +284,86 @@ def _per_output(dt, nb, M, K, N, a_off, b_off, ctx) -> list[str]:
             f"{T} k_s = 0;",
             f"for (int64_t k_k = 0; k_k < {K}; ++k_k) {_accumulate(dt, 'k_s', 'k_pa[k_k]', f'k_pb[k_k * {N}]')}",
             "k_c[k_e] = k_s;",
+            "}"]
+
+
+TILE_K = 32           # columns of A (rows of B) a block's tiles hold at a time
+TILE_ROWS_PER_LANE = 4   # outputs each lane of a block adds up, in a column of its tile of C
+
+
+def fills_tiles(M, K, N, m: int, n: int) -> bool:
+    """Whether a product is large enough for `_tiled`: M, N and K at least TILE_K each (run-time
+    M and N by their hints, a run-time K taken as large). Below, most of a tile's rows or columns
+    would be empty, operands that small sit in the GPU's caches anyway, and the tiled kernel
+    costs registers: the persistent kernel's count is about its largest operator's, and tiled
+    products took the tests' sample programs from 32-60 registers a thread to 64-80 (sm_80 and
+    sm_90; more than 64 are noted by tests/nvcc_all.py: a block of 32 to 128 threads, one an
+    SM, still fits many times over)."""
+    return all((d if isinstance(d, int) else h) >= TILE_K for d, h in ((M, m), (N, n))) and \
+        (not isinstance(K, int) or K >= TILE_K)
+
+
+def tiled(op: Operation) -> bool:
+    """Whether a MATMUL takes `_tiled` on a GPU (where its shared memory must hold the tiles)."""
+    _, _, _, M, K, N, m, n = _geometry(op)
+    return fills_tiles(M, K, N, m, n)
+
+
+def tile_columns(threads: int) -> int:
+    """Columns of a tile of C for a block of `threads` lanes (a warp's 32: its loads of B's row
+    are adjacent, and all read one element of A's, a broadcast)."""
+    return 32 if threads % 32 == 0 else threads
+
+
+def tile_bytes(threads: int) -> int:
+    """The shared memory a block of `threads` lanes needs for `_tiled`'s tiles of 8-byte
+    elements (the largest): A's rows by TILE_K, TILE_K by B's columns."""
+    columns = tile_columns(threads)
+    rows = threads // columns * TILE_ROWS_PER_LANE
+    return (rows * TILE_K + TILE_K * columns) * 8
+
+
+def _tiled(dt, nb, M, K, N, a_off, b_off, ctx) -> list[str]:
+    """A block's lanes share tiles of C, TILE_ROWS_PER_LANE rows a lane by `tile_columns`: lane
+    (r0, c0) holds rows r0, r0 + rs, ... of column c0. For each TILE_K-wide slice of A's rows
+    and B's columns, the lanes load both tiles into the block's shared memory together (each
+    the same rows and columns it adds up; a warp's loads of a row adjacent), meet, and each adds
+    its outputs' products from there; they meet again before the next slice overwrites the
+    tiles. Each output is the sum over K in order, as `_per_output`'s dot product (the same
+    result); A and B are read from global memory once a tile instead of once an output.
+    Its loads are not unrolled and its products unrolled twice (CT_UNROLL): fully unrolled, the
+    tests' sample programs took 78-102 registers a thread; so, a program of one 64 x 256 @
+    256 x 256 product takes 70 (sm_80) and 61 (sm_90), against 32 with one dot product each."""
+    T, R, TK = ctype(dt), TILE_ROWS_PER_LANE, TILE_K
+    acc = " ".join(_accumulate(dt, f"k_s[{q}]", f"k_ar[{q} * k_rs * {TK} + k_k]", "k_v") for q in range(R))
+    return ["const int k_tn = CT_LANES % 32 == 0 ? 32 : CT_LANES, k_rs = CT_LANES / k_tn, k_tm = k_rs * "
+            f"{R}, k_c0 = CT_LANE % k_tn, k_r0 = CT_LANE / k_tn;",
+            f"{T}* k_ta = ({T}*)CT_BLOCK_SCRATCH;   /* A's tile: k_tm rows by {TK} */",
+            f"{T}* k_tb = k_ta + k_tm * {TK};   /* B's tile: {TK} rows by k_tn */",
+            f"const {T}* k_ar = k_ta + k_r0 * {TK};   /* this lane's first row of A's tile */",
+            f"const int64_t k_mt = ({M} + k_tm - 1) / k_tm, k_nt = ({N} + k_tn - 1) / k_tn;",
+            f"for (int64_t k_t = {ctx.worker} / CT_LANES; k_t < {nb} * k_mt * k_nt; k_t += {ctx.workers} / CT_LANES) {{",
+            "const int64_t k_bi = k_t / (k_mt * k_nt), k_m = (k_t / k_nt) % k_mt * k_tm + k_r0, k_n = k_t % k_nt * k_tn + k_c0;",
+            f"const {T}* k_pa = k_a + {a_off} + k_m * {K};   /* this lane's first row of A */",
+            f"const {T}* k_pb = k_b + {b_off} + k_n;   /* its column of B */",
+            f"const int k_rows = (int)CK_MIN({R}, ({M} - k_m + k_rs - 1) / k_rs), k_in = k_n < {N};   /* its outputs in C */",
+            f"{T} k_s[{R}] = {{0}};",
+            f"for (int64_t k_k0 = 0; k_k0 < {K}; k_k0 += {TK}) {{",
+            f"const int k_kn = (int)CK_MIN({TK}, {K} - k_k0);",
+            f"CT_UNROLL(1) for (int k_i = 0; k_i < {R}; ++k_i)   /* A: its rows, columns c0, c0 + tn, ... */",
+            f"CT_UNROLL(1) for (int k_k = k_c0; k_k < {TK}; k_k += k_tn)",
+            f"k_ta[(k_r0 + k_i * k_rs) * {TK} + k_k] = k_i < k_rows && k_k < k_kn ? k_pa[k_i * k_rs * {K} + k_k0 + k_k] : 0;",
+            f"CT_UNROLL(1) for (int k_k = k_r0; k_k < {TK}; k_k += k_rs)   /* B: its column, rows r0, r0 + rs, ... */",
+            f"k_tb[k_k * k_tn + k_c0] = k_in && k_k < k_kn ? k_pb[(k_k0 + k_k) * {N}] : 0;",
+            "CT_BLOCK_BARRIER();",
+            "CT_UNROLL(2) for (int k_k = 0; k_k < k_kn; ++k_k) {",
+            f"const {T} k_v = k_tb[k_k * k_tn + k_c0];",
+            acc,
+            "}",
+            "CT_BLOCK_BARRIER();   /* the tiles are the next slice's */",
+            "}",
+            f"{T}* k_pc = k_c + k_bi * {product(M, N)} + k_m * {N} + k_n;",
+            f"for (int k_i = 0; k_i < {R}; ++k_i) if (k_i < k_rows && k_in) k_pc[k_i * k_rs * {N}] = k_s[k_i];",
             "}"]
 
 
