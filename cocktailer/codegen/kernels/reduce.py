@@ -323,7 +323,7 @@ _SHORT_CHUNK = 4096   # elements of a chunk of short rows (their maxima: 16 KiB 
 def _short_rows(T, outer, d, exp, log, one, ninf, log_sm, ctx) -> list[str]:
     """Rows of d < SHORT_ROW a chunk at a time: each row's max spread over its elements, the
     exps of the whole chunk in one loop (no row's remainder on its own), then each row's sum
-    and scaling. Each element's value is what a row at a time computes."""
+    and scaling. Each exp is the one a row at a time computes."""
     last = ([f"const {T} k_m = k_v[k_r * {d}], k_ls = {log}(k_s);", ctx.simd(),
              f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_q[k_r * {d} + k_j] = k_p[k_r * {d} + k_j] - k_m - k_ls;"]
             if log_sm else
@@ -332,12 +332,12 @@ def _short_rows(T, outer, d, exp, log, one, ninf, log_sm, ctx) -> list[str]:
     exps = f"k_e[k_i] = {exp}(k_p[k_i] - k_v[k_i]);"
     return [split(ctx, outer, 1),
             f"{T} k_v[{_SHORT_CHUNK}];   /* each element's row max */",
-            f"{T}* k_e = k_y + k_lo * {d};" if not log_sm else f"{T} k_e[{_SHORT_CHUNK}];   /* the exps */",
+            *([f"{T} k_exps[{_SHORT_CHUNK}];"] if log_sm else []),
             f"const int64_t k_rc = {_SHORT_CHUNK} / {d};",
             "for (int64_t k_r0 = k_lo; k_r0 < k_hi; k_r0 += k_rc) {",
             "const int64_t k_nr = CK_MIN(k_rc, k_hi - k_r0);",
             f"const {T}* k_p = k_x + k_r0 * {d}; {T}* k_q = k_y + k_r0 * {d};",
-            *([] if log_sm else ["k_e = k_q;"]),
+            f"{T}* k_e = {'k_exps' if log_sm else 'k_q'};   /* the exps (a softmax's: its output, scaled after) */",
             "for (int64_t k_r = 0; k_r < k_nr; ++k_r) {",
             f"{T} k_m = {ninf};", ctx.simd("max:k_m"),
             f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_m = k_p[k_r * {d} + k_j] > k_m ? k_p[k_r * {d} + k_j] : k_m;",
