@@ -478,8 +478,9 @@ class Renderer:
         counts = [len(main.params), len(main.body.yields), len(plan.const_names),
                   self.frame_dynamic_at + len(plan.frame_dynamic) + 1]   # err[]'s entries: see render()
         self.emit("  ct_args a = { in, out, cst, arena, stack_all, max_depth, locals, rets, err, nw, 0, 0, 0,")
+        scratch = kernel_scratch_bytes(self.d.threads, self._has_products())
         self.emit("                (int64_t)sizeof(ct_barrier_t) * CT_MAX_NEST * nw, "
-                  f"(int64_t)sizeof(int64_t) * CT_STEP_STRIDE * nw, (int64_t){kernel_scratch_bytes(self.d.threads, self._has_products())}, "
+                  f"(int64_t)sizeof(int64_t) * CT_STEP_STRIDE * nw, (int64_t){scratch}, "
                   f"-1, -1, {', '.join(map(str, counts))} }};")
         if self.d.state_in_shared:   # the control state in the block's shared memory, where it fits
             self.emit(f"  const int64_t ct_state = (int64_t){self._state_frames()} * (CT_SLOTS + "

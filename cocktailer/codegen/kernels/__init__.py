@@ -109,8 +109,8 @@ def supported(op: Operation) -> bool:
 
 def kernel_scratch_bytes(threads: int, products: bool = True) -> int:
     """The shared memory a block of `threads` lanes gives its kernels (CT_BLOCK_SCRATCH): each
-    lane's part of a reduction the block shares, and with `products` (a program with a MATMUL)
-    the tiled MATMUL's tiles where those need more."""
+    lane's part of a reduction the block shares, and with `products` (a program with a tiled
+    MATMUL, `matmul.tiled`; assumed where not known) the tiles where those need more."""
     return max(SCRATCH_PER_LANE * threads, matmul.tile_bytes(threads) if products else 0)
 
 

@@ -342,8 +342,10 @@ def _tiled(dt, nb, M, K, N, a_off, b_off, ctx) -> list[str]:
             f"{T}* k_tb = k_ta + k_tm * {TK};   /* B's tile: {TK} rows by k_tn */",
             f"const {T}* k_ar = k_ta + k_r0 * {TK};   /* this lane's first row of A's tile */",
             f"const int64_t k_mt = ({M} + k_tm - 1) / k_tm, k_nt = ({N} + k_tn - 1) / k_tn;",
-            f"for (int64_t k_t = {ctx.worker} / CT_LANES; k_t < {nb} * k_mt * k_nt; k_t += {ctx.workers} / CT_LANES) {{",
-            "const int64_t k_bi = k_t / (k_mt * k_nt), k_m = (k_t / k_nt) % k_mt * k_tm + k_r0, k_n = k_t % k_nt * k_tn + k_c0;",
+            f"for (int64_t k_t = {ctx.worker} / CT_LANES; k_t < {nb} * k_mt * k_nt; "
+            f"k_t += {ctx.workers} / CT_LANES) {{   /* this block's tiles */",
+            "const int64_t k_bi = k_t / (k_mt * k_nt), k_m = (k_t / k_nt) % k_mt * k_tm + k_r0, "
+            "k_n = k_t % k_nt * k_tn + k_c0;",
             f"const {T}* k_pa = k_a + {a_off} + k_m * {K};   /* this lane's first row of A */",
             f"const {T}* k_pb = k_b + {b_off} + k_n;   /* its column of B */",
             f"const int k_rows = (int)CK_MIN({R}, ({M} - k_m + k_rs - 1) / k_rs), k_in = k_n < {N};   /* its outputs in C */",
