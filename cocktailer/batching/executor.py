@@ -39,6 +39,7 @@ from cocktailer.batching.lanes import (ARMS, CALLS, CHECKED, HIDDEN, RULES, SHAR
 from cocktailer.batching.ragged import constant_indices, masked_operands, padding_fill, ragged_syms
 from cocktailer.batching.recursion import LevelPlan, plan_levels, recursive
 from cocktailer.batching.rounds import RoundProgram, round_program, run_round_loop, run_rounds
+from cocktailer.codegen.kernels.common import strides_of
 from cocktailer.errors import ITERATIONS_EXCEEDED, CompiledCallError
 from cocktailer.ir import CREATION, Function, Op, Operation, Program, Region, Sym, SymbolicSizeError
 from cocktailer.ir.analysis import value_users
@@ -118,7 +119,7 @@ class Workspace:
             # (room for a batch a little larger)
             buffer = self.buffers[key] = torch.empty(n + n // 4, dtype=dtype, device=device)
             self.nbytes += buffer.numel() * buffer.element_size()
-        return buffer.as_strided(shape, _contiguous_strides(shape))   # (a third of a slice's and view's time)
+        return buffer.as_strided(shape, strides_of(shape))   # (a slice and a view took 1.8 us, this 1.4)
 
     def pointers(self) -> set[int]:
         return {b.untyped_storage().data_ptr() for b in self.buffers.values()}
@@ -794,14 +795,6 @@ def _run_level_program(level: LevelProgram, inputs: list, tables: list, start: i
 def _fill_padding(x: torch.Tensor, dim: int, sizes: torch.Tensor, fill) -> Lanes:
     """x (one row per lane) with `fill` past each lane's own size along its dim `dim`."""
     return Lanes(x.masked_fill(~lane_mask(sizes.to(x.device), x.shape[dim + 1], x.dim() - 1, dim), fill))
-
-
-def _contiguous_strides(shape: tuple) -> tuple:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
 
 
 def _where(op: Operation) -> str:

@@ -324,12 +324,7 @@ def _short_rows(T, outer, d, exp, log, one, ninf, log_sm, ctx) -> list[str]:
     """Rows of d < SHORT_ROW a chunk at a time: each row's max spread over its elements, the
     exps of the whole chunk in one loop (no row's remainder on its own), then each row's sum
     and scaling. Each exp is the one a row at a time computes."""
-    last = ([f"const {T} k_m = k_v[k_r * {d}], k_ls = {log}(k_s);", ctx.simd(),
-             f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_q[k_r * {d} + k_j] = k_p[k_r * {d} + k_j] - k_m - k_ls;"]
-            if log_sm else
-            [f"const {T} k_inv = {one} / k_s;", ctx.simd(),
-             f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_q[k_r * {d} + k_j] *= k_inv;"])
-    exps = f"k_e[k_i] = {exp}(k_p[k_i] - k_v[k_i]);"
+    row = f"const {T}* k_pr = k_p + k_r * {d}; {T}* k_qr = k_q + k_r * {d};"
     return [split(ctx, outer, 1),
             f"{T} k_v[{_SHORT_CHUNK}];   /* each element's row max */",
             *([f"{T} k_exps[{_SHORT_CHUNK}];"] if log_sm else []),
@@ -339,23 +334,22 @@ def _short_rows(T, outer, d, exp, log, one, ninf, log_sm, ctx) -> list[str]:
             f"const {T}* k_p = k_x + k_r0 * {d}; {T}* k_q = k_y + k_r0 * {d};",
             f"{T}* k_e = {'k_exps' if log_sm else 'k_q'};   /* the exps (a softmax's: its output, scaled after) */",
             "for (int64_t k_r = 0; k_r < k_nr; ++k_r) {",
+            f"const {T}* k_pr = k_p + k_r * {d};",
             f"{T} k_m = {ninf};", ctx.simd("max:k_m"),
-            f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_m = k_p[k_r * {d} + k_j] > k_m ? k_p[k_r * {d} + k_j] : k_m;",
+            f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_m = k_pr[k_j] > k_m ? k_pr[k_j] : k_m;",
             ctx.simd(), f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_v[k_r * {d} + k_j] = k_m;",
             "}",
-            ctx.simd(), f"for (int64_t k_i = 0; k_i < k_nr * {d}; ++k_i) {exps}",
+            ctx.simd(), f"for (int64_t k_i = 0; k_i < k_nr * {d}; ++k_i) k_e[k_i] = {exp}(k_p[k_i] - k_v[k_i]);",
             "for (int64_t k_r = 0; k_r < k_nr; ++k_r) {",
+            row, f"const {T}* k_er = k_e + k_r * {d};",
+            *([f"const {T} k_m = k_v[k_r * {d}];"] if log_sm else []),
             f"{T} k_s = 0;", ctx.simd("+:k_s"),
-            f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_s += k_e[k_r * {d} + k_j];",
-            *last, "}", "}"]
+            f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_s += k_er[k_j];",
+            *_normalized(T, d, log, one, log_sm, ctx, "k_pr", "k_qr"), "}", "}"]
 
 
 def _rows_one_by_one(T, outer, d, exp, log, one, ninf, log_sm, ctx) -> list[str]:
     """One row at a time: its max, its exps and their sum, its scaling."""
-    tail = ([f"const {T} k_ls = {log}(k_s);", ctx.simd(),
-             f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_q[k_j] = k_p[k_j] - k_m - k_ls;"] if log_sm else
-            [f"const {T} k_inv = {one} / k_s;", ctx.simd(),
-             f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_q[k_j] *= k_inv;"])
     store = "" if log_sm else "k_q[k_j] = k_e; "
     return [split(ctx, outer, 1),
             "for (int64_t k_r = k_lo; k_r < k_hi; ++k_r) {",
@@ -365,7 +359,16 @@ def _rows_one_by_one(T, outer, d, exp, log, one, ninf, log_sm, ctx) -> list[str]
             f"for (int64_t k_j = 0; k_j < {d}; ++k_j) k_m = k_p[k_j] > k_m ? k_p[k_j] : k_m;",
             ctx.simd("+:k_s"),
             f"for (int64_t k_j = 0; k_j < {d}; ++k_j) {{ const {T} k_e = {exp}(k_p[k_j] - k_m); {store}k_s += k_e; }}",
-            *tail, "}"]
+            *_normalized(T, d, log, one, log_sm, ctx, "k_p", "k_q"), "}"]
+
+
+def _normalized(T, d, log, one, log_sm, ctx, p: str, q: str) -> list[str]:
+    """A row's results from its max k_m and its exps' sum k_s: `p` the row's inputs, `q` its
+    outputs (a softmax's hold its exps already, scaled here)."""
+    if log_sm:
+        return [f"const {T} k_ls = {log}(k_s);", ctx.simd(),
+                f"for (int64_t k_j = 0; k_j < {d}; ++k_j) {q}[k_j] = {p}[k_j] - k_m - k_ls;"]
+    return [f"const {T} k_inv = {one} / k_s;", ctx.simd(), f"for (int64_t k_j = 0; k_j < {d}; ++k_j) {q}[k_j] *= k_inv;"]
 
 
 def _cooperative_arg(T: str, n_out, d, inner, better: str, tie: str) -> list[str]:
