@@ -28,7 +28,11 @@ Systems, all on the same instances in one process, timed in interleaved rounds:
 
 Every system's results are checked against eager per instance before it is timed. The table
 gives each system's median per call and instances per second, the batched run's speedup over
-each peer, and the time of its inspectors (finding the call trees) on their own. The process
+each peer, and the time of its inspectors (finding the call trees) on their own. Its floor
+column is the eager loop's product flops (counted by torch's flop counter) at this machine's
+float32 matmul peak, measured in the same run: no system can take less, so eager over floor is
+the most any system can gain over the eager loop (where it is under 10, the issue's 10x over
+the eager loop is out of reach for any system). The process
 keeps freed memory for reuse (`machine.keep_freed_memory`): left to glibc, tensors of megabytes
 are faulted in again a page at a time on every call, and which system pays depends on what
 ran before it.
@@ -61,9 +65,10 @@ import random
 import time
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 import cocktailer
-from bench import machine
+from bench import machine, roofline
 from bench.results import write_small_run
 from bench.timing import Budget, measure_interleaved, summarize
 from cocktailer import models
@@ -168,9 +173,19 @@ def check(fns: dict, instances: list) -> dict:
     return errors
 
 
+def matmul_flops(model, instances: list) -> int:
+    """The products' flops (2*M*N*K, batched and convolutions too) of the eager loop over
+    `instances`: the work every system must do, whatever it batches."""
+    with FlopCounterMode(display=False) as counter:
+        for a in instances:
+            model(*a)
+    return counter.get_total_flops()
+
+
 def run_workload(name: str, hidden: int | None, batch: int, budget: Budget, with_dynet: bool) -> dict:
     model, instances = workload(name, hidden, batch)
     with torch.inference_mode():
+        flops = matmul_flops(model, instances)
         fns = systems(name, model, instances, with_dynet)
         try:
             errors = check(fns, instances)
@@ -187,7 +202,7 @@ def run_workload(name: str, hidden: int | None, batch: int, budget: Budget, with
                     fn.close()
     return {"model": name, "hidden": hidden, "batch": batch,
             "sizes": [[list(t.shape) for t in a if isinstance(t, torch.Tensor)] for a in instances],
-            "max_abs_err": errors,
+            "max_abs_err": errors, "matmul_flops": flops,
             "systems": {s: {"times_s": t, **summarize(t)} for s, t in zip(order, times)},
             "inspect_s": schedule.inspect_s, "inspect_share": schedule.inspect_s / one_call,
             "levels": {f: [len(r) for r in runs] for f, runs in schedule.levels.items()},
@@ -253,9 +268,12 @@ def table(data: dict) -> str:
     lines = ["# Throughput mode: many instances per call", "", machine.summary(data["machine"]),
              f"- command: `{data['command']}`", f"- allocator: {data.get('allocator', 'not recorded')}", "",
              "Median ms per call of all the instances (instances/s in parentheses for batch); "
-             "x: batch's speedup over that system; inspect: the batched run's inspectors alone.", "",
-             "| model | hidden | batch | " + " | ".join(names) + " | inspect ms | max error vs eager |",
-             "|" + "---|" * (len(names) + 5)]
+             "x: batch's speedup over that system; inspect: the batched run's inspectors alone; "
+             "floor: the eager loop's product flops at this machine's float32 matmul peak "
+             f"({data['peak_flops'] / 1e9:.0f} GFLOP/s, measured in this run), no system's time can "
+             "be lower; in parentheses eager over floor, the most any system can gain over the eager loop.", "",
+             "| model | hidden | batch | " + " | ".join(names) + " | inspect ms | floor ms | max error vs eager |",
+             "|" + "---|" * (len(names) + 6)]
     for w in data["workloads"]:
         ms = {s: v["median_s"] * 1e3 for s, v in w["systems"].items()}
         ours = ms["batch"]
@@ -268,12 +286,18 @@ def table(data: dict) -> str:
             else:
                 cells.append(f"{ms[s]:.3g} ({ms[s] / ours:.2f}x)")
         worst = max(v for v in w["max_abs_err"].values())
+        floor = _floor_s(w, data["peak_flops"])
         lines.append(f"| {w['model']} | {w['hidden'] or ''} | {w['batch']} | " + " | ".join(cells)
-                     + f" | {w['inspect_s'] * 1e3:.2f} | {worst:.1e} |")
-    return "\n".join(lines + [""] + _goals(data["workloads"])) + "\n"
+                     + f" | {w['inspect_s'] * 1e3:.2f} | {floor * 1e3:.3g} ({ms['eager'] / 1e3 / floor:.1f}x)"
+                     + f" | {worst:.1e} |")
+    return "\n".join(lines + [""] + _goals(data["workloads"], data["peak_flops"])) + "\n"
 
 
-def _goals(workloads: list[dict]) -> list[str]:
+def _floor_s(workload: dict, peak_flops: float) -> float:
+    return workload["matmul_flops"] / peak_flops
+
+
+def _goals(workloads: list[dict], peak_flops: float) -> list[str]:
     """The issue's goals at the largest batch, from this run's medians."""
     if not workloads:
         return []
@@ -289,7 +313,8 @@ def _goals(workloads: list[dict]) -> list[str]:
         return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
     dynet = [max(filter(None, [ratio(w, "dynet-agenda"), ratio(w, "dynet-depth")]), default=None) for w in at_top]
     hand = [(w, ratio(w, "hand-batched")) for w in at_top if ratio(w, "hand-batched")]
-    eager_trees = [ratio(w, "eager") for w in at_top if w["model"] in TREES or w["model"] in ("treegru", "mvrnn")]
+    trees = [w for w in at_top if w["model"] in TREES or w["model"] in ("treegru", "mvrnn")]
+    eager_trees = [ratio(w, "eager") for w in trees]
     lines = [f"At batch {top}:"]
     g = geomean(dynet)
     lines.append(f"- over DyNet (its better strategy), geomean of {sum(1 for d in dynet if d)} workloads: "
@@ -298,8 +323,21 @@ def _goals(workloads: list[dict]) -> list[str]:
                  "(goal: all): " + ", ".join(f"{w['model']}/{w['hidden'] or '-'} {r:.2f}x" for w, r in hand))
     if eager_trees:
         lines.append(f"- over the eager loop on the tree models: {min(eager_trees):.1f}x to {max(eager_trees):.1f}x "
-                     "(goal: at least 10x)")
+                     "(goal: at least 10x); " + _reachable(trees, eager_trees, peak_flops))
     return lines
+
+
+def _reachable(trees: list[dict], over_eager: list[float], peak_flops: float) -> str:
+    """Which tree workloads' eager loops take 10 floors or more (where 10x is possible at all)
+    and on how many of them the batched run reached it."""
+    def label(w):
+        return f"{w['model']}/{w['hidden'] or '-'}"
+    bound = {label(w): w["systems"]["eager"]["median_s"] / _floor_s(w, peak_flops) for w in trees}
+    possible = [(label(w), r) for w, r in zip(trees, over_eager) if bound[label(w)] >= 10]
+    out_of_reach = [f"{name} (eager {b:.1f} floors)" for name, b in bound.items() if b < 10]
+    return (f"10x possible at this machine's matmul peak on {len(possible)} of {len(trees)}, reached on "
+            f"{sum(1 for _, r in possible if r >= 10)} of them"
+            + (f"; out of reach for any system: {', '.join(out_of_reach)}" if out_of_reach else ""))
 
 
 def main(argv=None):
@@ -315,6 +353,8 @@ def main(argv=None):
     budget = Budget(warmup=2, min_runs=5, min_seconds=a.seconds, max_seconds=4 * a.seconds)
     data = {"machine": machine.describe(), "command": "python -m bench.batching " + " ".join(argv or []),
             "allocator": machine.keep_freed_memory(), "workloads": [], "ablation": []}
+    if not a.ablation:
+        data["peak_flops"] = roofline.measure_machine(quick=True)["peak_flops"]
     for name in a.models.split(","):
         for hidden in ([int(h) for h in a.hidden.split(",")] if name in TREES or name in INSTANCES else [None]):
             for batch in (int(b) for b in a.batch.split(",")):

@@ -240,6 +240,21 @@ def test_bound_is_the_slower_of_compute_and_memory():
     assert roofline.bound_seconds({"flops": 1e6, "bytes": 5e8}, machine) == 5.0
 
 
+def test_throughput_floor_counts_the_eager_loops_products_and_names_what_10x_cannot_reach():
+    from bench.batching import _goals, matmul_flops
+    layer = nn.Linear(5, 7)
+    instances = [(torch.randn(n, 5),) for n in (1, 3, 4)]
+    assert matmul_flops(layer, instances) == 2 * (1 + 3 + 4) * 5 * 7   # the bias add is not a product
+
+    def tree(model, eager_s, batch_s, flops):
+        return {"model": model, "hidden": 256, "batch": 64, "matmul_flops": flops,
+                "systems": {"eager": {"median_s": eager_s}, "batch": {"median_s": batch_s}}}
+    # at 1 GFLOP/s: rae's eager loop takes 20 floors, mvrnn's 4
+    goals = _goals([tree("rae", 2.0, 0.1, 1e8), tree("mvrnn", 2.0, 1.0, 5e8)], peak_flops=1e9)[-1]
+    assert "10x possible at this machine's matmul peak on 1 of 2, reached on 1 of them" in goals
+    assert "out of reach for any system: mvrnn/256 (eager 4.0 floors)" in goals
+
+
 def test_step_by_step_systems_run_only_when_named():
     from bench.systems import all_systems, select, step_systems
     assert not any(s.name.startswith(("fig19:", "scaling:")) for s in select(all_systems(), None))
