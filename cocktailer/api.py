@@ -214,6 +214,10 @@ class CompiledFunction:
         finally:
             self._guards_held = None
 
+    def guard_of(self, program: Program) -> "_ConstantGuard | None":
+        """The guard of the cached entry that runs `program`; None where none does."""
+        return next((self._guards.get(key) for key, (p, _) in self.cache.items() if p is program), None)
+
     def _holds(self, guard: "_ConstantGuard") -> bool:
         if self._guards_held is None:
             return guard.holds()

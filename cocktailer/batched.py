@@ -44,6 +44,9 @@ def batch(model_or_function: Callable, example_inputs: tuple, *, max_iterations:
     return BatchedFunction(model_or_function, _as_tuple(example_inputs), max_iterations, techniques)
 
 
+_MAX_LAYOUTS = 4096   # layouts remembered across calls, as `compile` remembers shapes
+
+
 class BatchedFunction:
     def __init__(self, fn: Callable, example_inputs: tuple, max_iterations: int | None = None,
                  techniques: Techniques = Techniques()):
@@ -52,6 +55,9 @@ class BatchedFunction:
         self.single = CompiledFunction(fn, backend="reference", dynamic=True)
         self.max_iterations = max_iterations
         self._executors: dict[int, BatchedExecutor] = {}
+        # a layout of plain tensors -> the (program, run, group) its instances ran, and that
+        # program's guard: later batches skip the cache key and lookups while the guard holds
+        self._layouts: dict[tuple, tuple] = {}
         self.example = self.single._bind(example_inputs, {})
         self._structure = _structure(pytree.flatten(self.example))
         # an example of tensors only, all positional: an instance of as many plain tensors of the
@@ -114,12 +120,12 @@ class BatchedFunction:
         instances that run together (a program, one set of shapes). An instance of sizes not
         seen before is captured, running the model on it: where that fails (an index out of
         its range, say), every such instance is named. Instances of plain tensors with the same
-        layouts share one program and group, found once per batch."""
+        layouts share one program and group, found once (and kept while the program's guard
+        holds: its parameters were not replaced)."""
         prepared, bad, reasons = [], [], []
-        by_layout: dict[tuple, tuple] = {}
         with self.single.guards_checked_once():
             for i, (args, kwargs, flat, layout) in enumerate(instances):
-                found = by_layout.get(layout) if layout is not None else None
+                found = self._known(layout)
                 if found is not None:
                     prepared.append((*found[:2], flat[0], [], flat[0], found[2]))
                     continue
@@ -135,10 +141,26 @@ class BatchedFunction:
                 group = (id(program), self._executor(program).group_key(tensors))
                 prepared.append((program, run, leaves, trees, tensors, group))
                 if layout is not None:
-                    by_layout[layout] = (program, run, group)
+                    self._remember(layout, program, run, group)
         if bad:
             raise BatchInputError(bad, reasons)
         return prepared
+
+    def _known(self, layout: tuple | None) -> tuple | None:
+        """(program, run, group) of the instances of `layout` an earlier one was prepared for,
+        while that program's guard holds."""
+        known = self._layouts.get(layout) if layout is not None else None
+        if known is None or not self.single._holds(known[3]):
+            return None
+        return known[:3]
+
+    def _remember(self, layout: tuple, program: Program, run: Callable, group: tuple):
+        guard = self.single.guard_of(program)
+        if guard is None:
+            return
+        if len(self._layouts) >= _MAX_LAYOUTS:
+            self._layouts.clear()
+        self._layouts[layout] = (program, run, group, guard)
 
     def _executor(self, program: Program) -> BatchedExecutor:
         executor = self._executors.get(id(program))

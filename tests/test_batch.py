@@ -626,6 +626,31 @@ def test_weights_changed_in_place_after_batching_are_used(name):
         assert_same(out, want, rtol=1e-4, atol=1e-5, path=f"instance {k}")
 
 
+@pytest.mark.parametrize("replace", ["parameter", "data"])
+def test_a_weight_replaced_between_batches_is_used_though_the_layouts_were_seen(replace, monkeypatch):
+    """Layouts seen in an earlier batch skip preparing their program while its guard holds;
+    a parameter replaced (`layer.weight = nn.Parameter(...)`) or given new memory
+    (`w.data = ...`) fails the guard and the next batch compiles for the new weights."""
+    model = CountedLoop().eval()
+    instances = [(randn(6, seed=k), torch.tensor(k % 4)) for k in range(6)]
+    batched = assert_batch_matches(model, instances)
+    prepares = []
+    prepare = batched.single._prepare
+    monkeypatch.setattr(batched.single, "_prepare", lambda *a: prepares.append(1) or prepare(*a))
+    with torch.no_grad():
+        batched(_clone(instances))
+        assert not prepares   # every layout was seen and its program's weights are the model's
+        new = model.cell.weight.detach() * -0.5
+        if replace == "parameter":
+            model.cell.weight = nn.Parameter(new)
+        else:
+            model.cell.weight.data = new
+        outs, expected = batched(_clone(instances)), [model(*a) for a in _clone(instances)]
+    assert prepares
+    for k, (out, want) in enumerate(zip(outs, expected)):
+        assert_same(out, want, rtol=1e-4, atol=1e-5, path=f"instance {k}")
+
+
 def test_grad_mode_runs_eagerly_with_a_warning():
     model = CountedLoop()
     instances = [(randn(6, seed=k), torch.tensor(2)) for k in range(3)]
