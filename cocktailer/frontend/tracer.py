@@ -141,6 +141,10 @@ def is_proxy(x) -> bool:
 
 
 _MAX_ALIAS_UPDATES = 4096   # storages one in-place write updates, counted once per round that reaches them
+# ... and all of a program's writes together. Each update is a conditional op in the program:
+# the suite's programs make at most 1,716, the fuzzer's about 1 in 150 make 17,000-20,000,
+# which took 13 s to capture and minutes in the C compiler (fuzz seeds 7273590, 7273632).
+_MAX_PROGRAM_ALIAS_UPDATES = 8192
 
 
 class Tracer:
@@ -165,6 +169,7 @@ class Tracer:
         self._hoisted: dict[tuple, Value] = {}         # per function: constants and scalars
         self._hoisted_count: dict[int, int] = {}      # per function: how many lead its body
         self._stamps = itertools.count(1)
+        self.alias_updates = 0   # conditional updates every in-place write so far made (_propagate)
         self.unconverted: set[str] = set()             # user functions whose source could not be read
 
     # -- regions --------------------------------------------------------------------
@@ -466,16 +471,28 @@ class Tracer:
                     if other in unconditional or cond is False:
                         continue
                     updates += 1
-                    if updates > _MAX_ALIAS_UPDATES:
-                        raise UnsupportedError(
-                            "an in-place write into a tensor that may share memory with too many others "
-                            "(variables rebound to each other's views in loops and branches)",
-                            hint="write into a `.clone()`, or keep the variables' aliasing the same on every path")
+                    self.alias_updates += 1
+                    self._check_alias_updates(updates)
                     self._set(other, self.select(cond, derive, lambda other=other: self.storage_value(other)))
                     reached[other] = cond if other not in reached else self._either(reached[other], cond)
                     seen.add(other)
             unconditional.update(s for s, cond in reached.items() if cond is True)
             frontier = reached
+
+    def _check_alias_updates(self, updates: int):
+        """Refuse a write whose conditional updates (`updates`), or the program's in all, pass
+        their bound: past it the program grows faster than its writes."""
+        if updates > _MAX_ALIAS_UPDATES:
+            raise UnsupportedError(
+                "an in-place write into a tensor that may share memory with too many others "
+                "(variables rebound to each other's views in loops and branches)",
+                hint="write into a `.clone()`, or keep the variables' aliasing the same on every path")
+        if self.alias_updates > _MAX_PROGRAM_ALIAS_UPDATES:
+            raise UnsupportedError(
+                f"in-place writes into tensors that may share memory with others need more than "
+                f"{_MAX_PROGRAM_ALIAS_UPDATES} conditional updates in all (variables rebound to each other's "
+                "views in loops and branches, then written): the program would grow out of proportion",
+                hint="write into `.clone()`s, or keep the variables' aliasing the same on every path")
 
     def _both(self, a: Value | bool, b: Value) -> Value | bool:
         """a AND b, folding the constant flags a merge gives where a path is known."""
