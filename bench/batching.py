@@ -177,7 +177,8 @@ def check(fns: dict, instances: list) -> dict:
 
 def matmul_flops(model, instances: list) -> int:
     """The products' flops (2*M*N*K, batched and convolutions too) of the eager loop over
-    `instances`: the work every system must do, whatever it batches."""
+    `instances`: what a system that runs the same products must compute, however it batches
+    them (one that drops products, hoisting a loop-invariant one, computes less)."""
     with FlopCounterMode(display=False) as counter:
         for a in instances:
             model(*a)
