@@ -143,7 +143,7 @@ def is_proxy(x) -> bool:
 _MAX_ALIAS_UPDATES = 4096   # storages one in-place write updates, counted once per round that reaches them
 # ... and all of a program's writes together. Each update is a conditional op in the program:
 # the suite's programs make at most 1,716, the fuzzer's about 1 in 150 make 17,000-20,000,
-# which took 13 s to capture and minutes in the C compiler (fuzz seeds 7273590, 7273632).
+# which took 13-18 s to capture and minutes in the C compiler (fuzz seeds 7273590, 7273632).
 _MAX_PROGRAM_ALIAS_UPDATES = 8192
 
 
