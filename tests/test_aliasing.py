@@ -695,6 +695,29 @@ def test_a_program_whose_writes_need_too_many_conditional_updates_is_refused_at_
     assert "clone" in str(e.value)
 
 
+def test_a_merges_flag_conjunctions_share_the_ands_of_a_common_prefix():
+    """The ways a merge finds to a link's target are paths through the same links: their flags'
+    conjunctions share prefixes, and each prefix's AND is emitted once (fuzz seed 7274259:
+    43,000 ANDs for 15,000 prefixes, its capture 16.7 -> 11.2 s)."""
+    from cocktailer.frontend.merge import _all
+    from cocktailer.ir import Op
+
+    class Emitter:
+        def __init__(self):
+            self.emitted = []
+
+        def emit1(self, op, operands):
+            assert op is Op.AND
+            self.emitted.append((op, *operands))
+            return self.emitted[-1]
+    t, shared = Emitter(), {}
+    a, b, c, d = object(), object(), object(), object()
+    abc, abd = _all(t, (a, b, c), shared), _all(t, (a, b, d), shared)
+    assert len(t.emitted) == 3   # a AND b once, then AND c, AND d
+    assert abc == (Op.AND, (Op.AND, a, b), c) and abd == (Op.AND, (Op.AND, a, b), d)
+    assert _all(t, (a, b, c), shared) is abc and len(t.emitted) == 3
+
+
 def _halved_through_a_rebound_alias(c):
     v1 = c.view(())
     v2 = c.detach()

@@ -451,7 +451,9 @@ def side_values(t: Tracer, plan: Plan, side: Side, r: Resolved) -> list[Value]:
         found = [r.links.get(key) or _found_leaf_link(r, link) for key, link in plan.links.items()]
         found = [None if f is None else (f[0], [(chain, tuple(holds.get(x, x) for x in flags)) for chain, flags in f[1]])
                  for f in found]
-        values += [_any(t, [_all(t, flags) for _, flags in f[1]]) if f is not None else t.false() for f in found]
+        conjunctions: dict = {}   # ways share their first flags (paths through the same links)
+        values += [_any(t, [_all(t, flags, conjunctions) for _, flags in f[1]]) if f is not None else t.false()
+                   for f in found]
         for link, f in zip(plan.links.values(), found):
             values += _indices(t, link.structure, f[1] if f is not None else None)
         for i, leaf in plan.leaves.items():
@@ -512,12 +514,20 @@ def _slot_value(t: Tracer, side: Side, storage: Storage | None, key: tuple, slot
     return t.zeros(slot.type)   # this path has nothing there: any value will do
 
 
-def _all(t: Tracer, flags: tuple) -> Value:
+def _all(t: Tracer, flags: tuple, conjunctions: dict | None = None) -> Value:
+    """flags[0] AND flags[1] AND ...; `conjunctions` (the ids of a prefix of flags -> its
+    value, for values emitted in the same region) reuses the ANDs of a prefix seen before."""
     if not flags:
         return t.true()
-    value = flags[0]
+    value, key = flags[0], (id(flags[0]),)
     for f in flags[1:]:
-        value = t.emit1(Op.AND, [value, f])
+        key += (id(f),)
+        known = conjunctions.get(key) if conjunctions is not None else None
+        if known is None:
+            known = t.emit1(Op.AND, [value, f])
+            if conjunctions is not None:
+                conjunctions[key] = known
+        value = known
     return value
 
 
