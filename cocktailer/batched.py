@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import torch
 
 from cocktailer import pytree
-from cocktailer.api import CompiledFunction, GradFallbackWarning, _as_tuple
+from cocktailer.api import _MAX_SEEN_SHAPES, CompiledFunction, GradFallbackWarning, _as_tuple
 from cocktailer.batching import BatchedExecutor, Techniques
 from cocktailer.errors import CocktailerError, CompiledCallError, InternalError, UnsupportedError
 from cocktailer.ir import Program
@@ -42,9 +42,6 @@ def batch(model_or_function: Callable, example_inputs: tuple, *, max_iterations:
     every loop as `compile`'s option does; `techniques` turns batching techniques off (for
     measuring what each one gives)."""
     return BatchedFunction(model_or_function, _as_tuple(example_inputs), max_iterations, techniques)
-
-
-_MAX_LAYOUTS = 4096   # layouts remembered across calls, as `compile` remembers shapes
 
 
 class BatchedFunction:
@@ -158,7 +155,7 @@ class BatchedFunction:
         guard = self.single.guard_of(program)
         if guard is None:
             return
-        if len(self._layouts) >= _MAX_LAYOUTS:
+        if len(self._layouts) >= _MAX_SEEN_SHAPES:   # as many layouts as `compile` remembers shapes
             self._layouts.clear()
         self._layouts[layout] = (program, run, group, guard)
 

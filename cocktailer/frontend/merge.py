@@ -445,32 +445,32 @@ def side_values(t: Tracer, plan: Plan, side: Side, r: Resolved) -> list[Value]:
     """The plan's values on this side, in the plan's order (see the module docstring)."""
     with on_side(t, side):
         by_slot = {key: storage for storage, key in r.slot_of.items()}
-        holds, chosen = _chosen(t, r)
+        conjunctions: dict = {}   # ways share their first flags (paths through the same links)
+        holds, chosen = _chosen(t, r, conjunctions)
         values = [chosen[key] if key in chosen else _slot_value(t, side, by_slot.get(key), key, slot)
                   for key, slot in plan.slots.items()]
         found = [r.links.get(key) or _found_leaf_link(r, link) for key, link in plan.links.items()]
         found = [None if f is None else (f[0], [(chain, tuple(holds.get(x, x) for x in flags)) for chain, flags in f[1]])
                  for f in found]
-        conjunctions: dict = {}   # ways share their first flags (paths through the same links)
         values += [_any(t, [_all(t, flags, conjunctions) for _, flags in f[1]]) if f is not None else t.false()
                    for f in found]
         for link, f in zip(plan.links.values(), found):
-            values += _indices(t, link.structure, f[1] if f is not None else None)
+            values += _indices(t, link.structure, f[1] if f is not None else None, conjunctions)
         for i, leaf in plan.leaves.items():
             if leaf.kind == "view":
                 point = r.leaves.get(i)
-                values += _indices(t, leaf.structure, tuple(point[1]) if point is not None else None)
+                values += _indices(t, leaf.structure, tuple(point[1]) if point is not None else None, conjunctions)
     return values
 
 
-def _chosen(t: Tracer, r: Resolved) -> tuple[dict, dict]:
+def _chosen(t: Tracer, r: Resolved, conjunctions: dict) -> tuple[dict, dict]:
     """For each slot several storages stand for: the flag that it holds each (the first
     whose ways hold), and its value on this side."""
     holds, chosen = {}, {}
     for key, members in r.choices.items():
         taken = None   # some earlier storage is the one
         for n, (storage, ways) in enumerate(members):
-            mine = _any(t, [_all(t, flags) for flags in ways]) if ways else t.false()
+            mine = _any(t, [_all(t, flags, conjunctions) for flags in ways]) if ways else t.false()
             holds[Holds(key, n)] = mine if taken is None else t.emit1(Op.AND, [mine, t.emit1(Op.NOT, [taken])])
             taken = mine if taken is None else t.emit1(Op.OR, [taken, mine])
         value = t.storage_value(members[-1][0])
@@ -514,7 +514,7 @@ def _slot_value(t: Tracer, side: Side, storage: Storage | None, key: tuple, slot
     return t.zeros(slot.type)   # this path has nothing there: any value will do
 
 
-def _all(t: Tracer, flags: tuple, conjunctions: dict | None = None) -> Value:
+def _all(t: Tracer, flags: tuple, conjunctions: dict) -> Value:
     """flags[0] AND flags[1] AND ...; `conjunctions` (the ids of a prefix of flags -> its
     value, for values emitted in the same region) reuses the ANDs of a prefix seen before."""
     if not flags:
@@ -522,12 +522,9 @@ def _all(t: Tracer, flags: tuple, conjunctions: dict | None = None) -> Value:
     value, key = flags[0], (id(flags[0]),)
     for f in flags[1:]:
         key += (id(f),)
-        known = conjunctions.get(key) if conjunctions is not None else None
-        if known is None:
-            known = t.emit1(Op.AND, [value, f])
-            if conjunctions is not None:
-                conjunctions[key] = known
-        value = known
+        if key not in conjunctions:
+            conjunctions[key] = t.emit1(Op.AND, [value, f])
+        value = conjunctions[key]
     return value
 
 
@@ -538,7 +535,7 @@ def _any(t: Tracer, flags: list[Value]) -> Value:
     return value
 
 
-def _indices(t: Tracer, structure: tuple, ways) -> list[Value]:
+def _indices(t: Tracer, structure: tuple, ways, conjunctions: dict) -> list[Value]:
     """The chain's dynamic indices on this side: those of a point's chain, or of the way the
     side reaches a target whose flags hold (one index per position, chosen at run time)."""
     if ways is None:
@@ -549,7 +546,7 @@ def _indices(t: Tracer, structure: tuple, ways) -> list[Value]:
     for chain, flags in reversed(ways[:-1]):
         mine = chain_dynamic(chain)
         if any(a is not b for a, b in zip(mine, values)):
-            holds = _all(t, flags)
+            holds = _all(t, flags, conjunctions)
             values = [v if a is v else t.emit1(Op.WHERE, [holds, a, v]) for a, v in zip(mine, values)]
     return values
 
