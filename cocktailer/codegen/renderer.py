@@ -508,7 +508,10 @@ class Renderer:
 # GCC's time on one function that long grows superlinearly (the 50,000-call NASRNN skeleton:
 # over 5 minutes at -O1, 42 s at -O0); what the optimizer saves in a skeleton is a few
 # instructions per kernel call (the 15,000-call LSTM skeleton ran within the noise of -O3).
-SKELETON_OPTIMIZE_LINES = 5000
+# Already at a few thousand lines -O3 costs seconds: a 4,950-line skeleton of branch-guarded
+# alias updates took GCC 13 s (2.2 s at -O0), SkipNet's 2,173-line one (paper size) most of its
+# 7-8 s compile (5.7-6.6 s with it at -O0) while its runs stayed at 180-220 ms either way.
+SKELETON_OPTIMIZE_LINES = 1000
 
 
 def assemble(functions: list[Rendered], dialect: Dialect = CPU) -> str:
