@@ -369,7 +369,8 @@ class CompiledFunction:
         if boundary.plain:   # every output a yield of its own (the common case; per instance in a batch)
             outputs = [results[boundary.slots[o.index].value] for o in boundary.outputs]
         else:
-            sizes = {sym: tensors[position].shape[dim] for sym, position, dim in program.sizes}
+            sizes = ({sym: tensors[position].shape[dim] for sym, position, dim in program.sizes}
+                     if boundary.sized else None)
             outputs = boundary.outputs_of(results, tensors, program.constants, sizes)
         out_spec, kinds = program.output_spec
         if out_spec.kind == "leaf" and kinds[0][0]:   # one tensor (the common case: per instance in a batch)

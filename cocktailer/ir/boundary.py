@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from cocktailer.ir.ops import SEMANTICS, Op
-from cocktailer.ir.infer import attrs_at
+from cocktailer.ir.infer import attrs_at, syms_in
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,13 @@ class Boundary:
         return not self.written and all(not o.steps and o.source == "slot" and not self.slots[o.index].alternatives
                                         for o in self.outputs) and \
             len({o.index for o in self.outputs}) == len(self.outputs)
+
+    @functools.cached_property
+    def sized(self) -> bool:
+        """Whether rebuilding a view needs the call's symbolic sizes (a step's attributes name
+        one): else `outputs_of` takes none, and a call need not read them."""
+        views = [*self.outputs, *(view for slot in self.slots for _, view in slot.alternatives)]
+        return any(syms_in(tuple(value for _, value in attrs)) for view in views for _, attrs, _ in view.steps)
 
     def write_back(self, yields: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], constants: dict):
         for kind, index, k in self.written:
