@@ -65,6 +65,28 @@ def test_tree_models_mix_shallow_and_deep_trees(name, count):
         assert len(levels[0]) == 30, "one level per height of the deepest tree"
 
 
+def test_a_result_that_is_a_row_of_an_argument_is_that_row_in_each_instance_where_eager_returns_it():
+    """RAE returns a one-leaf tree's input row itself (a view), any other tree's root a new
+    tensor: per instance, the batch's result shares the argument's memory exactly where eager's
+    does, at eager's row, so that a write into it reaches the argument as in eager."""
+    w = models.make("rae", batch=1, size="small", seed=0)
+    trees = [random_tree(1, 0), perfect_tree(2), random_tree(1, 1), chain_tree(5), random_tree(1, 2)]
+    instances = _tree_instances(8, trees)
+    batched = cocktailer.batch(w.model.eval(), instances[0])
+    mine, theirs = [_clone(a) for a in instances], [_clone(a) for a in instances]
+    with torch.no_grad():
+        outs = batched(mine)
+        expected = [w.model(*a) for a in theirs]
+    for k, (out, want, a, b) in enumerate(zip(outs, expected, mine, theirs)):
+        shares = want.untyped_storage().data_ptr() == b[3].untyped_storage().data_ptr()
+        assert shares == (trees[k].num_nodes == 1)
+        assert (out.untyped_storage().data_ptr() == a[3].untyped_storage().data_ptr()) == shares, f"instance {k}"
+        assert out.data_ptr() - a[3].data_ptr() == want.data_ptr() - b[3].data_ptr() or not shares, f"instance {k}"
+        out.add_(1.0)
+        want.add_(1.0)
+        assert_same(a, b, path=f"instance {k}'s arguments after a write into its result")
+
+
 # --------------------------------------------------------------------------- loops and branches
 
 

@@ -239,10 +239,24 @@ class BatchedExecutor:
             except RecursionError:
                 raise CompiledCallError("the program recursed deeper than the batched executor supports "
                                         f"(Python recursion limit {RECURSION_LIMIT})") from None
+        return self._per_instance(outs, lane_sizes, count)
+
+    def _per_instance(self, outs: list[torch.Tensor], lane_sizes: torch.Tensor, count: int) -> list[list]:
+        """Each instance's yields from the batch's (one row per instance): a row each, cut back
+        to the instance's sizes; those the boundary reads only as numbers (an alias's flag, its
+        index) as Python numbers, read for all instances at once."""
         types = [v.type for v in self.program.main.body.yields]
-        per_output = [[self._unpadded(row, ty, sizes) for row, sizes in zip(out.unbind(0), lane_sizes)]
-                      if any(d in self.ragged for d in ty.shape) else list(out.unbind(0))
-                      for out, ty in zip(self._memory_of_their_own(outs), types)]
+        numbers = [k in self.program.boundary.numbers and not ty.shape for k, ty in enumerate(types)]
+        own = iter(self._memory_of_their_own([out for out, number in zip(outs, numbers) if not number]))
+        per_output = []
+        for out, ty, number in zip(outs, types, numbers):
+            if number:
+                per_output.append(out.tolist())
+            elif any(d in self.ragged for d in ty.shape):
+                own_rows = next(own).unbind(0)
+                per_output.append([self._unpadded(row, ty, sizes) for row, sizes in zip(own_rows, lane_sizes)])
+            else:
+                per_output.append(list(next(own).unbind(0)))
         return [list(results) for results in zip(*per_output)] if per_output else [[] for _ in range(count)]
 
     def _stacked(self, k: int, column: tuple, layouts: dict) -> Lanes:

@@ -66,6 +66,19 @@ class Boundary:
         views = [*self.outputs, *(view for slot in self.slots for _, view in slot.alternatives)]
         return any(syms_in(tuple(value for _, value in attrs)) for view in views for _, attrs, _ in view.steps)
 
+    @functools.cached_property
+    def numbers(self) -> frozenset[int]:
+        """The yields read only as numbers: flags that choose a slot's view and indices of view
+        steps that select one element (`x[i]`), where no slot, write or other step reads them.
+        `outputs_of` takes these as Python numbers as well as 0-d tensors (a batch reads them
+        for all its instances at once, not as a tensor per instance)."""
+        views = [*self.outputs, *(view for slot in self.slots for _, view in slot.alternatives)]
+        read = {flag for slot in self.slots for flag, _ in slot.alternatives}
+        read |= {k for view in views for op, _, dynamic in view.steps if op == Op.SELECT.name for k in dynamic}
+        other = {slot.value for slot in self.slots} | {k for _, _, k in self.written}
+        other |= {k for view in views for op, _, dynamic in view.steps if op != Op.SELECT.name for k in dynamic}
+        return frozenset(read - other)
+
     def write_back(self, yields: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], constants: dict):
         for kind, index, k in self.written:
             (inputs[index] if kind == "input" else constants[index]).copy_(yields[k])

@@ -123,7 +123,7 @@ def build_key(key: tuple, dynamic: tuple[torch.Tensor, ...]) -> tuple:
             out.append(item[1])
         elif kind == "dyn":   # on meta tensors (shape inference) any in-range index will do
             d = next(it)
-            out.append(0 if d.is_meta else d)
+            out.append(0 if isinstance(d, torch.Tensor) and d.is_meta else d)   # (or a Python int: `Boundary.numbers`)
         elif kind == "lane":
             out.append(next(it))
         elif kind == "new":
