@@ -268,11 +268,12 @@ class BatchedExecutor:
         by a zero nobody wrote; nothing reads padding, indices are checked). `layouts`: the row
         layout per list of lengths (the tables of a tree share theirs)."""
         first = column[0]
-        if all(t.shape == first.shape for t in column):
+        shapes = [t.shape for t in column]   # (each `t.shape` makes a new object: read once)
+        if shapes.count(shapes[0]) == len(shapes):
             return Lanes(torch.stack(column, out=self.workspace.take(("input", k), (len(column), *first.shape),
                                                                    first.dtype, first.device)))
-        if first.dim() and all(t.shape[1:] == first.shape[1:] and t.shape[0] for t in column):
-            lengths = tuple(t.shape[0] for t in column)
+        lengths = tuple(s[0] for s in shapes) if first.dim() else ()
+        if lengths and all(lengths) and (first.dim() == 1 or all(s[1:] == shapes[0][1:] for s in shapes)):
             layout = layouts.get(lengths)
             if layout is None:
                 layout = layouts[lengths] = RowLayout(torch.tensor(lengths), max(lengths))
