@@ -61,8 +61,7 @@ def build_inspector(fn, sites, passthrough, control, if_results) -> tuple[Inspec
     path, _ = compile_shared_library(rendered.source)
     entry = load_library(path, rendered.source).ck_inspect
     entry.restype = ctypes.c_int64
-    entry.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                      ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 7]
+    entry.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 7]
     return rendered, entry
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from cocktailer.backend.batched import build_inspector
-from cocktailer.batching.lanes import ARMS, CALLS, LANE, SIZES, Lanes, rows
+from cocktailer.batching.lanes import ARMS, CALLS, LANE, SIZES, Lanes, Packed, rows
 from cocktailer.batching.recursion import LevelPlan
 from cocktailer.codegen.inspector import INSPECT_DEEP, INSPECT_FULL, INSPECT_INDEX
 from cocktailer.errors import CompiledCallError
@@ -190,7 +190,7 @@ class NativeInspector:
 
     def __call__(self, args: list, count: int, hidden: dict, sizes: dict, ragged: list) -> CallTree:
         r = self.rendered
-        tables = [rows(args[j], count) for j in r.tables]   # views where the lanes' rows are (padded) rows
+        tables = [_table(args[j], count) for j in r.tables]
         per_lane = hidden[SIZES].rows() if SIZES in hidden else None
         syms = torch.stack([per_lane[:, ragged.index(sym)] if sym in ragged else torch.full((count,), sizes[sym])
                             for sym in r.syms], 1).contiguous() if r.syms else torch.zeros(count, 1, dtype=torch.int64)
@@ -203,16 +203,18 @@ class NativeInspector:
             self.capacity = max(self.capacity, count) * 4   # more calls than room: again, with more
 
     def _run(self, tables: list, syms: torch.Tensor, args0: torch.Tensor, count: int, cap: int) -> CallTree | None:
-        """The call tree, or None where it has more than `cap` calls."""
+        """The call tree, or None where it has more than `cap` calls. `tables`: (data, each
+        instance's first element, strides) each."""
         sites = len(self.plan.sites)
-        pointers = (ctypes.c_void_p * max(len(tables), 1))(*[t.data_ptr() for t in tables])
-        strides = torch.tensor([s for t in tables for s in t.stride()] or [0], dtype=torch.int64)
+        pointers = (ctypes.c_void_p * max(len(tables), 1))(*[t.data_ptr() for t, _, _ in tables])
+        firsts = torch.cat([f for _, f, _ in tables]) if tables else torch.zeros(1, dtype=torch.int64)
+        strides = torch.tensor([s for _, _, st in tables for s in st] or [0], dtype=torch.int64)
         root, depth, height, path = (torch.empty(cap, dtype=torch.int64) for _ in range(4))
         arguments = torch.empty(cap, max(len(self.rendered.varying), 1), dtype=torch.int64)
         kids = torch.empty(cap, max(sites, 1), dtype=torch.int64)
         info = torch.zeros(4, dtype=torch.int64)
-        n = self.entry(count, pointers, strides.data_ptr(), syms.data_ptr(), args0.data_ptr(), cap,
-                       self.max_depth, root.data_ptr(), depth.data_ptr(), arguments.data_ptr(),
+        n = self.entry(count, pointers, firsts.data_ptr(), strides.data_ptr(), syms.data_ptr(), args0.data_ptr(),
+                       cap, self.max_depth, root.data_ptr(), depth.data_ptr(), arguments.data_ptr(),
                        kids.data_ptr(), height.data_ptr(), path.data_ptr(), info.data_ptr())
         if n == INSPECT_FULL:
             return None
@@ -225,6 +227,17 @@ class NativeInspector:
         return CallTree(n, root[:n], {j: arguments[:n, k].to(params[j].type.dtype)
                                       for k, j in enumerate(self.rendered.varying)},
                         {s: kids[:n, s] for s in range(sites)}, height[:n], path[:n])
+
+
+def _table(value, count: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """A table as the native inspector reads it in place: (data, each instance's first element
+    in it, the strides of an instance's part). Packed rows (a tree's tables, instances of
+    different node counts) are read where they lie, not padded to the largest first."""
+    if isinstance(value, Packed):
+        data = value.packed.contiguous()
+        return data, value.layout.offsets * data.stride(0), data.stride()
+    data = rows(value, count)
+    return data, torch.arange(count, dtype=torch.int64) * data.stride(0), data.stride()[1:]
 
 
 def frame(plan: LevelPlan, args: list, roots: torch.Tensor, varying: dict, ids: torch.Tensor,

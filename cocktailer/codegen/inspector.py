@@ -16,18 +16,20 @@ values, the tables are parameters every self-call hands on unchanged, and the ar
 change per call are 0-d integers or bools. Anything else raises `NotImplementedError` with the
 reason; the executor then keeps the torch inspector.
 
-    int64_t ck_inspect(int64_t roots, void* const* tables, const int64_t* strides,
+    int64_t ck_inspect(int64_t roots, void* const* tables, const int64_t* firsts, const int64_t* strides,
                        const int64_t* sizes, const int64_t* args0, int64_t cap, int64_t max_depth,
                        int64_t* root, int64_t* depth, int64_t* args, int64_t* kids,
                        int64_t* height, int64_t* path, int64_t* info)
 
-`tables[k]`: the k-th table parameter's data (one instance's block every strides[at_k] elements,
-then its own strides); `sizes[r * S + j]`: instance r's value of size `syms[j]`; `args0`: the
-root calls' varying arguments. Out: per call its instance `root`, `depth`, varying `args`
-(`[cap][V]`, as int64), the calls of its sites `kids` (`[cap][sites]`, -1 where not reached),
-`height`, and `path`: bit b set where the call took the first arm of the slice's branch b
-(`branches[b]`), so that calls of one height and one path run the same ops. Returns the number of calls, or INSPECT_FULL (more than `cap` calls: call again
-with room for more), INSPECT_INDEX (an index out of range: info = call, index, dim, size) or
+`tables[k]`: the k-th table parameter's data, instance r's part of it from element
+`firsts[k * roots + r]` on, with the strides `strides[at_k..]` (one per dim: the instances' rows
+may lie one after another, packed, as well as padded to one width); `sizes[r * S + j]`:
+instance r's value of size `syms[j]`; `args0`: the root calls' varying arguments. Out: per
+call its instance `root`, `depth`, varying `args` (`[cap][V]`, as int64), the calls of its
+sites `kids` (`[cap][sites]`, -1 where not reached), `height`, and `path`: bit b set where the
+call took the first arm of the slice's branch b (`branches[b]`), so that calls of one height and
+one path run the same ops. Returns the number of calls, or INSPECT_FULL (more than `cap` calls:
+call again with room for more), INSPECT_INDEX (an index out of range: info = call, index, dim, size) or
 INSPECT_DEEP (deeper than max_depth: info[0] = call).
 """
 from __future__ import annotations
@@ -55,7 +57,7 @@ class InspectorSource:
     tables: tuple[int, ...]    # the parameters read as tables, in `tables[]` order
     varying: tuple[int, ...]   # the parameters each call has its own value of, in `args` order
     syms: tuple[Sym, ...]      # the sizes `sizes[]` holds per instance, in order
-    strides_at: tuple[int, ...]   # per table: where its strides start in `strides[]`
+    strides_at: tuple[int, ...]   # per table: where its strides (one per dim) start in `strides[]`
     branches: tuple[int, ...]  # id() of the slice's branches, bit b of `path` for branches[b]
 
 
@@ -82,13 +84,14 @@ class _Renderer:
 
     def render(self) -> InspectorSource:
         body = self.region(self.fn.body)
-        strides_at = [sum(self.fn.params[j].type.rank + 1 for j in self.tables[:k]) for k in range(len(self.tables))]
+        strides_at = [sum(self.fn.params[j].type.rank for j in self.tables[:k]) for k in range(len(self.tables))]
         width = max(len(self.varying), 1)   # args[] per call (one even where none varies: no 0-size arrays)
         params = [f"const {ctype(self.fn.params[j].type.dtype)} a{j} = ({ctype(self.fn.params[j].type.dtype)})"
                   f"args[c * {width} + {k}];" for k, j in enumerate(self.varying)]
         source = _TEMPLATE.format(
             S=max(len(self.syms), 1), K=max(len(self.sites), 1), params="\n".join(params), body=body,
-            strides="\n".join(f"const int64_t* st{k} = strides + {a};" for k, a in enumerate(strides_at)),
+            strides="\n".join(f"const int64_t* st{k} = strides + {a}; "
+                              f"const int64_t* fi{k} = firsts + {k} * roots;" for k, a in enumerate(strides_at)),
             init_args="\n".join(f"args[i * {width} + {k}] = args0[i * {width} + {k}];" for k in range(len(self.varying))),
             FULL=INSPECT_FULL, INDEX=INSPECT_INDEX, DEEP=INSPECT_DEEP)
         return InspectorSource(source, tuple(self.tables), self.varying, tuple(self.syms), tuple(strides_at),
@@ -101,7 +104,7 @@ class _Renderer:
             return self.names[v.id]
         j = self.param_index.get(v.id)
         if j is not None and self.passthrough[j] and v.type.rank == 0:   # a scalar every call hands on
-            return f"(({ctype(v.type.dtype)}*)tables[{self.table(j)}])[r * st{self.table(j)}[0]]"
+            return f"(({ctype(v.type.dtype)}*)tables[{self.table(j)}])[fi{self.table(j)}[r]]"
         raise NotImplementedError("the slice reads a value it does not compute as a scalar")
 
     def table(self, j: int) -> int:
@@ -171,7 +174,7 @@ class _Renderer:
         shape, dynamic = table.type.shape, iter(op.operands[1:])
         if len(op.attrs["key"]) != len(shape):
             raise NotImplementedError("the slice reads a part of a table, not one element")
-        offset = [f"r * st{k}[0]"]
+        offset = [f"fi{k}[r]"]
         for d, item in enumerate(op.attrs["key"]):
             if item[0] == "int":
                 index = str(int(item[1]))
@@ -182,7 +185,7 @@ class _Renderer:
                 index = f"(int64_t)({self.value(v)})"
             else:
                 raise NotImplementedError(f"the slice indexes a table with {item[0]}")
-            offset.append(f"ck_checked(c, {index}, {d}, {self.size(shape[d])}, info) * st{k}[{d + 1}]")
+            offset.append(f"ck_checked(c, {index}, {d}, {self.size(shape[d])}, info) * st{k}[{d}]")
         return f"(({ctype(table.type.dtype)}*)tables[{k}])[{' + '.join(offset)}]"
 
     def branch(self, op: Operation) -> str:
@@ -232,9 +235,9 @@ _TEMPLATE = r"""
   if (ck_i < 0 || ck_i >= ck_n) {{ info[0] = (c); info[1] = (i); info[2] = (d); info[3] = ck_n; return {INDEX}; }} \
   ck_i; }})
 
-int64_t ck_inspect(int64_t roots, void* const* tables, const int64_t* strides, const int64_t* sizes,
-                   const int64_t* args0, int64_t cap, int64_t max_depth, int64_t* root, int64_t* depth,
-                   int64_t* args, int64_t* kids, int64_t* height, int64_t* path, int64_t* info) {{
+int64_t ck_inspect(int64_t roots, void* const* tables, const int64_t* firsts, const int64_t* strides,
+                   const int64_t* sizes, const int64_t* args0, int64_t cap, int64_t max_depth, int64_t* root,
+                   int64_t* depth, int64_t* args, int64_t* kids, int64_t* height, int64_t* path, int64_t* info) {{
   {strides}
   if (roots > cap) return {FULL};
   for (int64_t i = 0; i < roots; ++i) {{
