@@ -59,12 +59,16 @@ class Boundary:
                                         for o in self.outputs) and \
             len({o.index for o in self.outputs}) == len(self.outputs)
 
+    @property
+    def _views(self) -> list[View]:
+        """Every view a call may rebuild: the outputs and the slots' alternatives."""
+        return [*self.outputs, *(view for slot in self.slots for _, view in slot.alternatives)]
+
     @functools.cached_property
     def sized(self) -> bool:
         """Whether rebuilding a view needs the call's symbolic sizes (a step's attributes name
         one): else `outputs_of` takes none, and a call need not read them."""
-        views = [*self.outputs, *(view for slot in self.slots for _, view in slot.alternatives)]
-        return any(syms_in(tuple(value for _, value in attrs)) for view in views for _, attrs, _ in view.steps)
+        return any(syms_in(tuple(value for _, value in attrs)) for view in self._views for _, attrs, _ in view.steps)
 
     @functools.cached_property
     def numbers(self) -> frozenset[int]:
@@ -72,7 +76,7 @@ class Boundary:
         steps that select one element (`x[i]`), where no slot, write or other step reads them.
         `outputs_of` takes these as Python numbers as well as 0-d tensors (a batch reads them
         for all its instances at once, not as a tensor per instance)."""
-        views = [*self.outputs, *(view for slot in self.slots for _, view in slot.alternatives)]
+        views = self._views
         read = {flag for slot in self.slots for flag, _ in slot.alternatives}
         read |= {k for view in views for op, _, dynamic in view.steps if op == Op.SELECT.name for k in dynamic}
         other = {slot.value for slot in self.slots} | {k for _, _, k in self.written}
